@@ -1,3 +1,38 @@
-"""es_jax: Evolution Strategies and GRPO post-training of language models in JAX."""
+"""es_jax: Evolution Strategies and GRPO post-training of language models in JAX.
+
+The public API in one place; see each module for the equations and references.
+"""
+
+from es_jax import data, fitness, grpo, metrics, models, noise, rewards, sampling
+from es_jax.data import format_prompt, load_task
+from es_jax.es import ESState, es_gradient, es_update_direction, shape_fitness
+from es_jax.fitness import centered_rank, per_prompt_zscore, zscore
+from es_jax.grpo import (
+  group_advantages,
+  grpo_loss,
+  k3_kl,
+  token_logprobs,
+  token_logprobs_from_logits,
+)
+from es_jax.models import (
+  ModelConfig,
+  Transformer,
+  get_config,
+  load_default,
+  load_gguf,
+  load_hf,
+  save_hf,
+)
+from es_jax.noise import (
+  LowRankNoise,
+  materialize,
+  member_key,
+  member_noise,
+  perturb,
+  perturb_member,
+  sample_noise,
+)
+from es_jax.rewards import get_reward, is_correct
+from es_jax.sampling import Completions, generate, pad_prompts
 
 __version__ = "0.1.0"

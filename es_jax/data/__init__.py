@@ -1,0 +1,191 @@
+"""Tasks for training and evaluation: `load_task(name, split)` and prompt formatting.
+
+Two kinds of task:
+  - datasets read from the original files the user downloaded once (gsm8k, deepscaler, math500,
+    aime24, aime25, amc23, countdown, csqa, gpqa, hotpotqa, mbpp), prepared by TFDS builders into
+    array_record files and read with `as_data_source` (no TensorFlow; see `builders`);
+  - "reasoning_gym/<task>" problems generated offline by reasoning-gym (see `gym`).
+
+Every example is a dict with at least "id", "task", "prompt" (the problem as shown to the model,
+before chat formatting; lettered options included for multiple choice) and "answer" (the gold
+string: a number, a letter, a short answer or reference code), plus task-specific fields
+("nums"/"target" for countdown, "test_list" for mbpp, "choices" for csqa/gpqa, "metadata" for
+reasoning-gym, ...). `format_prompt` turns an example into the model's input text.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from es_jax.data import builders, formats, gym
+from es_jax.data.prompts import (
+  INSTRUCTIONS,
+  PLAIN_SYSTEM_PROMPT,
+  SYSTEM_PROMPT,
+  build_messages,
+  format_prompt,
+)
+from es_jax.data.readers import BadRowError, FieldError
+
+__all__ = [
+  "INSTRUCTIONS",
+  "PLAIN_SYSTEM_PROMPT",
+  "SYSTEM_PROMPT",
+  "TASKS",
+  "BadRowError",
+  "FieldError",
+  "TaskExamples",
+  "build_messages",
+  "format_prompt",
+  "load_task",
+]
+
+log = logging.getLogger(__name__)
+TASKS = tuple(builders.BUILDERS)
+DEFAULT_GYM_SIZE = 1000
+
+
+class TaskExamples(Sequence):
+  """A read-only, random-access list of examples, decoded on access.
+
+  Attributes:
+    task: the task name given to `load_task`.
+    split: the split.
+    num_skipped: bad rows skipped (on_bad_row="skip"); 0 otherwise.
+    bad_rows: the skipped rows' `BadRowError`s (at most `builders.MAX_STORED_BAD_ROWS`).
+  """
+
+  def __init__(
+    self,
+    *,
+    task: str,
+    split: str,
+    length: int,
+    get: Callable[[int], dict[str, Any]],
+    num_skipped: int = 0,
+    bad_rows: Sequence[BadRowError] = (),
+  ):
+    self.task, self.split = task, split
+    self.num_skipped, self.bad_rows = num_skipped, list(bad_rows)
+    self._length, self._get = length, get
+
+  def __len__(self) -> int:
+    return self._length
+
+  def __getitem__(self, index):
+    if isinstance(index, slice):
+      return [self._get(i) for i in range(*index.indices(self._length))]
+    if not -self._length <= index < self._length:
+      raise IndexError(f"{self.task}/{self.split}: index {index} out of range [0, {self._length})")
+    return self._get(index % self._length)
+
+  def __repr__(self) -> str:
+    return (
+      f"TaskExamples(task={self.task!r}, split={self.split!r}, len={self._length}, "
+      f"num_skipped={self.num_skipped})"
+    )
+
+
+def load_task(
+  name: str,
+  split: str,
+  *,
+  data_dir: str | None = None,
+  source_dir: str | None = None,
+  limit: int | None = None,
+  seed: int = 0,
+  on_bad_row: str = "raise",
+  task_config: dict[str, Any] | None = None,
+) -> TaskExamples:
+  """Loads the examples of one task split.
+
+  Args:
+    name: a dataset in `TASKS`, or "reasoning_gym/<task>" (e.g. "reasoning_gym/chain_sum").
+    split: e.g. "train" / "test" (which splits exist depends on the dataset's files; gpqa has
+      "diamond" / "main" / "extended"). For reasoning-gym any name; it changes the problems.
+    data_dir: where prepared TFDS data lives (None: TFDS's default). Ignored for reasoning-gym.
+    source_dir: the directory with this dataset's downloaded original files (one directory per
+      dataset: file names such as test.jsonl are shared). When given, the files are hashed and
+      the dataset is prepared from them unless `data_dir` already holds exactly these files.
+      None reads what `data_dir` holds.
+    limit: keep the first `limit` examples (file order). For reasoning-gym, the number of
+      problems to generate (default `DEFAULT_GYM_SIZE`).
+    seed: seeds GPQA's per-row option shuffle and reasoning-gym's generator.
+    on_bad_row: "raise" to raise the first bad row's `BadRowError` (a ValueError naming file,
+      line and field), or "skip" to leave bad rows out; the count is in `num_skipped`, and
+      logged as a warning.
+    task_config: reasoning-gym task config keywords, e.g. {"min_terms": 2, "max_terms": 2,
+      "min_digits": 1, "max_digits": 1} for chain_sum. Must be None for file datasets.
+
+  Returns:
+    A `TaskExamples` sequence of example dicts (see the module docstring).
+
+  Raises:
+    BadRowError: a bad row, with on_bad_row="raise".
+    ValueError: unknown task, split or option.
+    FileNotFoundError: the dataset is neither prepared nor given a source_dir holding its files.
+  """
+  if on_bad_row not in ("raise", "skip"):
+    raise ValueError(f"load_task: on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
+  if limit is not None and limit < 0:
+    raise ValueError(f"load_task: limit must be None or >= 0, got {limit}")
+  if gym.is_gym_task(name):
+    if source_dir is not None:
+      raise ValueError(f"load_task: {name} is generated, not read from files; drop source_dir")
+    task = name[len(gym.PREFIX) :]
+    size = DEFAULT_GYM_SIZE if limit is None else limit
+    dataset = gym.create_gym_dataset(task, split, size=size, seed=seed, config=task_config)
+    return TaskExamples(
+      task=name,
+      split=split,
+      length=size,
+      get=lambda i: gym.gym_example(dataset, i, task=task, split=split),
+    )
+  if name not in builders.BUILDERS:
+    raise ValueError(
+      f"load_task: unknown task {name!r}; known: {', '.join(TASKS)}, or 'reasoning_gym/<task>'"
+    )
+  if task_config:
+    raise ValueError(f"load_task: task_config is for reasoning_gym tasks only, not {name!r}")
+  builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir)
+  metadata = builder.info.metadata
+  num_bad = metadata.get("num_bad_rows", {}).get(split, 0)
+  bad_rows = [BadRowError.from_dict(r) for r in metadata.get("bad_rows", {}).get(split, [])]
+  prepared = set(builder.info.splits.keys())
+  if split not in prepared and split not in metadata.get("num_bad_rows", {}):
+    raise ValueError(
+      f"load_task: {name} has no split {split!r} in {builder.data_dir} (prepared: "
+      f"{sorted(prepared)}); a split is prepared when its file exists in source_dir: "
+      f"{builders.expected_files(name)}"
+    )
+  if num_bad and on_bad_row == "raise":
+    raise BadRowError.from_dict(
+      metadata["bad_rows"][split][0],
+      hint=f"{name}/{split} has {num_bad} bad row(s); fix the file, or pass on_bad_row='skip' "
+      "to skip and count them",
+    )
+  if num_bad:
+    log.warning(
+      "%s/%s: skipped %d bad row(s); first: %s",
+      name,
+      split,
+      num_bad,
+      bad_rows[0] if bad_rows else "",
+    )
+  if split not in prepared:  # The split's files hold no valid row.
+    if not num_bad:
+      raise ValueError(f"load_task: {name}/{split} has no rows ({builders.expected_files(name)})")
+    return TaskExamples(
+      task=name, split=split, length=0, get=None, num_skipped=num_bad, bad_rows=bad_rows
+    )
+  source = builder.as_data_source(split=split)
+  length = len(source) if limit is None else min(limit, len(source))
+
+  def get(index: int) -> dict[str, Any]:
+    return formats.finalize(name, builders.to_python(source[index]), seed=seed)
+
+  return TaskExamples(
+    task=name, split=split, length=length, get=get, num_skipped=num_bad, bad_rows=bad_rows
+  )

@@ -1,0 +1,196 @@
+"""Reading the datasets' original files row by row, with the location of every row.
+
+Each reader yields `(location, row)` pairs in file order, where `location` is the 1-based line of
+the row's start (JSONL, JSON lists, CSV) or its 1-based row number (Parquet), and `row` is the
+parsed mapping or a `FieldError` when the row itself cannot be parsed (invalid JSON, not an
+object). Turning a row into an example, and deciding whether a bad row raises or is skipped, is
+the caller's business; readers never drop a row.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+SUFFIXES = (".jsonl", ".json", ".csv", ".parquet")
+
+
+class FieldError(ValueError):
+  """A row lacks a field, or the field's value cannot be used; raised by the row parsers.
+
+  Attributes:
+    field: the field's name as it appears in the file ("question.stem", "answer", "<row>").
+    reason: what was wrong, and what the value should look like.
+  """
+
+  def __init__(self, field: str, reason: str):
+    super().__init__(f"field '{field}': {reason}")
+    self.field = field
+    self.reason = reason
+
+
+class BadRowError(ValueError):
+  """A bad row of a source file, located by file, line (or row) and field.
+
+  Attributes:
+    path: the source file.
+    line: 1-based line where the row starts (1-based row number for Parquet files).
+    unit: "line" or "row", the meaning of `line`.
+    field: the offending field.
+    reason: what was wrong.
+    hint: what to do about it (appended to the message).
+  """
+
+  def __init__(
+    self, *, path: str, line: int, field: str, reason: str, unit: str = "line", hint: str = ""
+  ):
+    message = f"{path}, {unit} {line}: field '{field}': {reason}"
+    if hint:
+      message = f"{message}. {hint}"
+    super().__init__(message)
+    self.path = path
+    self.line = line
+    self.unit = unit
+    self.field = field
+    self.reason = reason
+    self.hint = hint
+
+  def to_dict(self) -> dict[str, Any]:
+    """A JSON-serialisable record of the bad row (stored with the prepared dataset)."""
+    return {
+      "path": self.path,
+      "line": self.line,
+      "unit": self.unit,
+      "field": self.field,
+      "reason": self.reason,
+    }
+
+  @classmethod
+  def from_dict(cls, record: dict[str, Any], *, hint: str = "") -> BadRowError:
+    """Rebuilds the error from `to_dict`'s record."""
+    return cls(
+      path=record["path"],
+      line=record["line"],
+      unit=record.get("unit", "line"),
+      field=record["field"],
+      reason=record["reason"],
+      hint=hint,
+    )
+
+
+def _as_row(value: Any) -> Any:
+  if isinstance(value, dict):
+    return value
+  return FieldError("<row>", f"expected a JSON object, got {type(value).__name__}")
+
+
+def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+  """Yields `(line, row)` for each non-blank line of a JSON-lines file."""
+  with open(path, encoding="utf-8") as f:
+    for line_number, line in enumerate(f, start=1):
+      if not line.strip():
+        continue
+      try:
+        yield line_number, _as_row(json.loads(line))
+      except json.JSONDecodeError as e:
+        yield line_number, FieldError("<row>", f"invalid JSON ({e.msg} at column {e.colno})")
+
+
+def read_json(path: Path) -> Iterator[tuple[int, Any]]:
+  """Yields `(line, row)` for each element of a JSON list; a file of JSON lines also works.
+
+  Raises:
+    BadRowError: the list itself is malformed, so that no later row can be found (this cannot be
+      skipped).
+  """
+  text = Path(path).read_text(encoding="utf-8")
+  pos = _WHITESPACE.match(text, 0).end()
+  if text.startswith("{", pos):  # Some ".json" downloads are JSON lines.
+    yield from read_jsonl(path)
+    return
+  if not text.startswith("[", pos):
+    raise BadRowError(
+      path=str(path),
+      line=text.count("\n", 0, pos) + 1,
+      field="<file>",
+      reason="expected a JSON list of objects (or JSON lines)",
+    )
+  decoder = json.JSONDecoder()
+  line, counted = 1, 0
+  pos += 1
+  while True:
+    pos = _WHITESPACE.match(text, pos).end()
+    line += text.count("\n", counted, pos)
+    counted = pos
+    if text.startswith("]", pos):
+      return
+    try:
+      value, pos = decoder.raw_decode(text, pos)
+    except json.JSONDecodeError as e:
+      raise BadRowError(
+        path=str(path),
+        line=e.lineno,
+        field="<row>",
+        reason=f"invalid JSON ({e.msg} at column {e.colno}); the rest of the list cannot be read",
+      ) from e
+    yield line, _as_row(value)
+    pos = _WHITESPACE.match(text, pos).end()
+    if text.startswith(",", pos):
+      pos += 1
+    elif not text.startswith("]", pos):
+      raise BadRowError(
+        path=str(path),
+        line=line + text.count("\n", counted, pos),
+        field="<row>",
+        reason="expected ',' or ']' after a list element",
+      )
+
+
+def read_csv(path: Path) -> Iterator[tuple[int, Any]]:
+  """Yields `(line, row)` for each record of a CSV file with a header (records may span lines)."""
+  with open(path, encoding="utf-8", newline="") as f:
+    reader = csv.DictReader(f)
+    while True:
+      start = reader.line_num + 1
+      try:
+        row = next(reader)
+      except StopIteration:
+        return
+      except csv.Error as e:
+        yield start, FieldError("<row>", f"invalid CSV ({e})")
+        continue
+      yield start, row
+
+
+def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
+  """Yields `(row number, row)` for each row of a Parquet file (needs pyarrow)."""
+  try:
+    import pyarrow.parquet as pq
+  except ImportError as e:
+    raise ImportError(
+      f"Reading {path} needs pyarrow (pip install pyarrow), or convert the file to JSON lines."
+    ) from e
+  row_number = 0
+  for batch in pq.ParquetFile(path).iter_batches():
+    for row in batch.to_pylist():
+      row_number += 1
+      yield row_number, row
+
+
+def read_rows(path: Path) -> tuple[str, Iterator[tuple[int, Any]]]:
+  """Picks the reader by file suffix; returns `(unit, rows)` with unit "line" or "row"."""
+  suffix = Path(path).suffix
+  if suffix == ".jsonl":
+    return "line", read_jsonl(path)
+  if suffix == ".json":
+    return "line", read_json(path)
+  if suffix == ".csv":
+    return "line", read_csv(path)
+  if suffix == ".parquet":
+    return "row", read_parquet(path)
+  raise ValueError(f"{path}: unsupported file type '{suffix}'; expected one of {SUFFIXES}")

@@ -1,0 +1,243 @@
+"""Evolution Strategies as an optax gradient transformation.
+
+The ES step of the paper (PAPER.md §1; Qiu et al., arXiv 2509.24372), with the noise regenerated
+from keys (``es_jax.noise``) rather than stored::
+
+  θ ← θ + (α / N) Σ_i w_i ε_i,      w = shaping(R),  ε_i the noise of member i
+
+``es_gradient(...).update`` returns ``-(1/N) Σ_i w_i ε_i`` (optax updates are added, and
+``optax.sgd`` negates), so ``optax.chain(es_gradient(...), optax.sgd(alpha))`` is exactly the step
+above and any optax optimiser (adam, schedules, clipping) can follow it. As in the paper, 1/σ is
+folded into the learning rate: ``α`` plays the role of ``α_textbook / σ``.
+"""
+
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from es_jax import fitness as fitness_lib
+from es_jax import noise as noise_lib
+
+
+class ESState(NamedTuple):
+  """State of ``es_gradient``: the number of updates taken (for logging; the noise is keyed)."""
+
+  count: jax.Array  # [] int32
+
+
+def _validate_population(population_size: int, antithetic: bool) -> None:
+  if isinstance(population_size, bool) or not isinstance(population_size, int):
+    raise ValueError(f"population_size={population_size!r} must be a Python int (it is static).")
+  if population_size < 1:
+    raise ValueError(f"population_size={population_size} must be at least 1.")
+  if antithetic and population_size % 2:
+    raise ValueError(
+      f"population_size={population_size} is odd but antithetic=True pairs members (2j, 2j+1): "
+      "use an even population size."
+    )
+
+
+def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
+  """``Σ_j w_j a_j b_j^T / sqrt(r)`` without materialising any ``a_j b_j^T``.
+
+  The factors of all members are concatenated along the rank axis, weighted on the ``a`` side, and
+  contracted in one matmul of inner size ``M r`` (EGGROLL, arXiv 2511.16652, §2 of PAPER.md).
+  Memory ``O(M r (m + n))`` for the factors plus the ``m x n`` output.
+  """
+
+  def factors(j):
+    lr = noise_lib.leaf_noise(key_of(j), leaf_index, shape, rank=rank)
+    return lr.a, lr.b
+
+  # lax.map (a scan), not vmap: bit-identical to per-member calls for every PRNG implementation.
+  a, b = jax.lax.map(factors, jnp.arange(w_eff.shape[0]))  # [M, ..., m, r], [M, ..., n, r]
+  a = a * w_eff.reshape((-1,) + (1,) * (a.ndim - 1))
+  out = jnp.einsum("j...mr,j...nr->...mn", a, b, precision=jax.lax.Precision.HIGHEST)
+  return out / jnp.float32(math.sqrt(rank))
+
+
+def _dense_direction(key_of, w_eff, leaf_index, shape, rank, low_rank_vectors):
+  """``Σ_j w_j ε_j`` for one leaf, regenerating one member's noise at a time (fp32 accumulator)."""
+
+  def body(j, acc):
+    eps = noise_lib.leaf_noise(
+      key_of(j), leaf_index, shape, rank=rank, low_rank_vectors=low_rank_vectors
+    )
+    return acc + w_eff[j] * eps
+
+  return jax.lax.fori_loop(0, w_eff.shape[0], body, jnp.zeros(shape, jnp.float32))
+
+
+def es_update_direction(
+  params: Any,
+  fitness_weights: jax.Array,
+  step_key: jax.Array,
+  *,
+  population_size: int,
+  antithetic: bool = False,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+) -> Any:
+  """``(1/N) Σ_i w_i ε_i`` in float32, a pytree like ``params``.
+
+  ``ε_i`` is ``noise.member_noise(params, step_key, i, ...)`` (the noise member ``i`` was
+  evaluated with), regenerated leaf by leaf and member by member: memory is ``O(largest leaf)``
+  for full rank, never ``O(N x params)``. With ``antithetic=True`` a pair shares its noise, so
+  ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j`` and only ``N/2`` draws are made. Low-rank
+  matrices are formed as one matmul of the concatenated, weighted factors.
+
+  Args:
+    params: parameter pytree (only shapes are used).
+    fitness_weights: ``[N]`` shaped fitness ``w``.
+    step_key: key of this ES step (the one the members were evaluated with).
+    population_size: ``N`` (static).
+    antithetic: members ``2j``, ``2j + 1`` share noise with opposite signs.
+    rank: None (full rank) or the EGGROLL rank ``r``.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` for ``ndim < 2`` leaves in low rank.
+
+  Returns:
+    The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
+  """
+  _validate_population(population_size, antithetic)
+  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  w = jnp.asarray(fitness_weights, jnp.float32)
+  if w.shape != (population_size,):
+    raise ValueError(
+      f"fitness_weights has shape {w.shape}, expected ({population_size},): one weight per "
+      f"member of population_size={population_size}."
+    )
+  if antithetic:
+    w_eff = w[0::2] - w[1::2]  # [N/2], pair j: +ε_j for member 2j, -ε_j for member 2j+1
+  else:
+    w_eff = w  # [N]
+
+  def key_of(j):
+    return noise_lib.member_key(step_key, j)
+
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  inv_n = jnp.float32(1.0 / population_size)
+  out = []
+  for l, p in enumerate(leaves):
+    shape = tuple(jnp.shape(p))
+    if rank is not None and len(shape) >= 2:
+      d = _matrix_direction(key_of, w_eff, l, shape, rank)
+    elif rank is not None and low_rank_vectors == "frozen":
+      d = jnp.zeros(shape, jnp.float32)
+    else:
+      d = _dense_direction(key_of, w_eff, l, shape, rank, low_rank_vectors)
+    out.append(d * inv_n)
+  return treedef.unflatten(out)
+
+
+def validate_shaping(shaping: str | Callable[[jax.Array], jax.Array]) -> None:
+  """Raises ValueError unless ``shaping`` is a known name or a callable."""
+  if not callable(shaping):
+    fitness_lib.get_shaping(shaping)
+
+
+def shape_fitness(
+  fitness: jax.Array,
+  *,
+  population_size: int,
+  shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
+) -> jax.Array:
+  """Validated fitness -> ``[N]`` float32 weights, as ``es_gradient`` computes them.
+
+  Args:
+    fitness: ``[N]`` fitness, or ``[N, P]`` per-prompt rewards for ``"per_prompt_zscore"``.
+    population_size: ``N``.
+    shaping: a name in ``es_jax.fitness.SHAPINGS`` or a callable ``fitness -> [N] weights``.
+
+  Returns:
+    ``[N]`` float32 weights. Non-finite weights (possible only from a custom callable) are zeroed,
+    so NaN never reaches the parameters.
+  """
+  validate_shaping(shaping)
+  shape_fn = shaping if callable(shaping) else fitness_lib.get_shaping(shaping)
+  per_prompt = isinstance(shaping, str) and shaping == "per_prompt_zscore"
+  r = jnp.asarray(fitness)
+  expected = f"({population_size}, P)" if per_prompt else f"({population_size},)"
+  if r.shape[:1] != (population_size,) or r.ndim != (2 if per_prompt else 1):
+    raise ValueError(
+      f"fitness has shape {r.shape}, expected {expected}: one value per member of "
+      f"population_size={population_size} (shaping={shaping!r})."
+    )
+  w = jnp.asarray(shape_fn(r), jnp.float32)
+  if w.shape != (population_size,):
+    raise ValueError(
+      f"shaping={shaping!r} returned shape {w.shape}, expected ({population_size},)."
+    )
+  return jnp.where(jnp.isfinite(w), w, 0.0)
+
+
+def es_gradient(
+  population_size: int,
+  sigma: float,
+  *,
+  shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
+  antithetic: bool = False,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+) -> optax.GradientTransformationExtraArgs:
+  """ES search direction as an optax transform (PAPER.md §1; arXiv 2509.24372; EGGROLL for rank).
+
+  ``update(updates, state, params, *, fitness, key)`` ignores ``updates`` and returns
+
+      u = -(1/N) Σ_i w_i ε_i,      w = shaping(fitness),
+
+  with ``ε_i = noise.member_noise(params, key, i, antithetic=..., rank=...)`` (for low rank the
+  materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated
+  with. Chained with ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the
+  paper's update with 1/σ folded into ``α``. Updates are float32 whatever the params' dtype;
+  ``optax.apply_updates`` adds them and rounds once to the weight dtype. Non-finite fitness ranks
+  worst (``es_jax.fitness``); non-finite weights from a custom shaping are zeroed, so NaN never
+  reaches the parameters.
+
+  Args:
+    population_size: ``N`` (static).
+    sigma: noise scale σ the population was evaluated with. It is not divided here (the paper
+      folds 1/σ into α); it is only validated (> 0) so a bad σ fails early.
+    shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` (fitness
+      ``[N, P]``), or a callable ``fitness -> [N] weights``.
+    antithetic: members ``2j``, ``2j + 1`` use ``+ε_j`` and ``-ε_j`` (N must be even).
+    rank: None (full rank) or the EGGROLL rank ``r``.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` for ``ndim < 2`` leaves in low rank.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.
+  """
+  _validate_population(population_size, antithetic)
+  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  try:
+    sigma_value = float(sigma)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    sigma_value = None  # traced, or a schedule: nothing to check here
+  if sigma_value is not None and not sigma_value > 0:
+    raise ValueError(f"sigma={sigma!r} must be > 0 (the noise scale used for evaluation).")
+  validate_shaping(shaping)
+
+  def init_fn(params):
+    del params
+    return ESState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, fitness, key, **extra_args):
+    del updates, extra_args
+    if params is None:
+      raise ValueError("es_gradient.update needs params (to regenerate the noise): pass params=.")
+    w = shape_fitness(fitness, population_size=population_size, shaping=shaping)
+    direction = es_update_direction(
+      params,
+      w,
+      key,
+      population_size=population_size,
+      antithetic=antithetic,
+      rank=rank,
+      low_rank_vectors=low_rank_vectors,
+    )
+    return jax.tree.map(jnp.negative, direction), ESState(count=state.count + 1)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

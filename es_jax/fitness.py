@@ -1,0 +1,121 @@
+"""Fitness shaping: the one place where rewards turn into ES weights.
+
+Every function maps fitness (higher is better) to float32 weights ``w`` with ``sum(w) = 0`` (up
+to rounding) that the ES update combines as ``(1/N) Σ_i w_i ε_i``. All are pure and jittable.
+
+Conventions shared by all shapings:
+
+* All fitness values equal: all weights are exactly zero (the ES step is a no-op).
+* Non-finite fitness (NaN, +inf, -inf) ranks worst and never reaches the parameters: such a value
+  is replaced by ``min_finite - gap``, where ``gap`` is the range ``max_finite - min_finite`` of
+  the finite values (1.0 when they are all equal), before shaping. The affected member gets the
+  lowest weight, the weights stay finite, and the step pushes away from it. If no value is finite
+  the weights are all zero.
+"""
+
+import jax
+import jax.numpy as jnp
+
+ZSCORE_EPS = 1e-8
+
+
+def _replace_non_finite(r: jax.Array, axis: int | None = None) -> jax.Array:
+  """Replaces non-finite entries by ``min_finite - gap`` along ``axis`` (module docstring).
+
+  A slice with no finite value becomes all zeros (equal values, hence zero weights).
+  """
+  finite = jnp.isfinite(r)
+  lo = jnp.min(jnp.where(finite, r, jnp.inf), axis=axis, keepdims=True)
+  hi = jnp.max(jnp.where(finite, r, -jnp.inf), axis=axis, keepdims=True)
+  any_finite = jnp.any(finite, axis=axis, keepdims=True)
+  gap = jnp.where(hi > lo, hi - lo, 1.0)
+  fill = jnp.where(any_finite, lo - gap, 0.0)
+  return jnp.where(finite, r, fill)
+
+
+def _as_float32(fitness: jax.Array, ndim: int, name: str) -> jax.Array:
+  r = jnp.asarray(fitness)
+  if r.ndim != ndim:
+    want = "[N]" if ndim == 1 else "[N, P] (members x prompts)"
+    raise ValueError(f"{name} expects fitness of shape {want}, got shape {r.shape}.")
+  return r.astype(jnp.float32)
+
+
+def zscore(fitness: jax.Array) -> jax.Array:
+  """Z-score shaping, the paper's (PAPER.md §1; Qiu et al., arXiv 2509.24372).
+
+  ``z_i = (R_i - mean(R)) / (std(R) + 1e-8)`` with the population std (ddof 0).
+
+  Args:
+    fitness: ``[N]`` fitness values ``R``.
+
+  Returns:
+    ``[N]`` float32 weights; zeros if all ``R_i`` are equal.
+  """
+  r = _replace_non_finite(_as_float32(fitness, 1, "zscore"))
+  centred = r - jnp.mean(r)
+  z = centred / (jnp.std(r) + ZSCORE_EPS)
+  # Equal values can leave a rounding residue in `centred` that the tiny std would amplify.
+  return jnp.where(jnp.max(r) == jnp.min(r), 0.0, z)
+
+
+def centered_rank(fitness: jax.Array) -> jax.Array:
+  """Centred-rank shaping (Salimans et al. 2017, arXiv 1703.03864).
+
+  ``w_i = rank_i / (N - 1) - 1/2`` in ``[-1/2, 1/2]``, ``rank_i`` the 0-based ascending rank;
+  tied values share their average rank, so equal fitness gives equal weights. Costs ``O(N^2)``
+  comparisons, negligible for population sizes.
+
+  Args:
+    fitness: ``[N]`` fitness values.
+
+  Returns:
+    ``[N]`` float32 weights; zeros if all values are equal or ``N == 1``.
+  """
+  r = _as_float32(fitness, 1, "centered_rank")
+  n = r.shape[0]
+  if n == 1:
+    return jnp.zeros((1,), jnp.float32)
+  r = jnp.where(jnp.isfinite(r), r, -jnp.inf)  # every non-finite value ties for the worst rank
+  less = jnp.sum(r[None, :] < r[:, None], axis=1)  # [N] members strictly worse than i
+  equal = jnp.sum(r[None, :] == r[:, None], axis=1)  # [N] ties, i included
+  # 2 rank_i - (N - 1) is an exact integer: ties at the median give exactly 0.
+  twice_centred = (2 * less + equal - 1 - (n - 1)).astype(jnp.float32)
+  return twice_centred / jnp.float32(2 * (n - 1))
+
+
+def per_prompt_zscore(fitness: jax.Array) -> jax.Array:
+  """Per-prompt z-score (EGGROLL, arXiv 2511.16652): centre per prompt, scale by the global std.
+
+  With ``R`` of shape ``[N, P]`` (member i's reward on prompt p):
+  ``C_ip = R_ip - mean_i(R_ip)``, ``s = sqrt(mean_ip(C_ip^2))`` (population std of ``C``), and
+  ``w_i = mean_p(C_ip) / (s + 1e-8)``. Centring per prompt removes prompt difficulty from the
+  comparison; the single global scale keeps easy and hard prompts on one footing.
+
+  Args:
+    fitness: ``[N, P]`` per-member, per-prompt rewards.
+
+  Returns:
+    ``[N]`` float32 weights; zeros if every prompt column is constant. Non-finite entries are
+    replaced per prompt column by that column's ``min_finite - gap``.
+  """
+  r = _replace_non_finite(_as_float32(fitness, 2, "per_prompt_zscore"), axis=0)
+  centred = r - jnp.mean(r, axis=0, keepdims=True)  # [N, P]
+  constant = jnp.max(r, axis=0, keepdims=True) == jnp.min(r, axis=0, keepdims=True)  # [1, P]
+  centred = jnp.where(constant, 0.0, centred)
+  scale = jnp.sqrt(jnp.mean(jnp.square(centred))) + ZSCORE_EPS
+  return jnp.mean(centred, axis=1) / scale
+
+
+SHAPINGS = {
+  "zscore": zscore,
+  "centered_rank": centered_rank,
+  "per_prompt_zscore": per_prompt_zscore,
+}
+
+
+def get_shaping(name: str):
+  """The shaping function called ``name`` (one of ``SHAPINGS``)."""
+  if name not in SHAPINGS:
+    raise ValueError(f"shaping={name!r} is unknown: use one of {sorted(SHAPINGS)} or a callable.")
+  return SHAPINGS[name]

@@ -1,0 +1,288 @@
+"""Evaluation metrics: Pass@k, Maj@k, JS diversity, token entropy, drift and update sparsity.
+
+Counting metrics (`pass_at_k`, `maj_at_k`, `macro_average`) run on the host in float64 NumPy:
+they consume per-problem correctness counts. Array metrics on model outputs and parameters
+(`js_*`, `token_entropy`, `relative_drift`, `update_sparsity`, `threshold_update`) use `jax.numpy`,
+accept NumPy or JAX inputs (pytrees for parameters) and are jittable.
+
+Axis letters: N population members, P prompts, S sampled sequences per member, B batch, T tokens.
+References: Chen et al. 2021 (Pass@k); ../shared/PAPER.md §5–7 (the study's definitions).
+"""
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# ---------------------------------------------------------------------------------------------
+# Pass@k, Maj@k
+
+
+def pass_at_k(n: Any, c: Any, k: int) -> np.ndarray:
+  """Unbiased Pass@k estimator per problem (Chen et al. 2021).
+
+    pass@k = 1 − C(n − c, k) / C(n, k) = 1 − Π_{j=n−c+1}^{n} (1 − k / j),   and 1 if n − c < k.
+
+  The product form never forms a binomial coefficient, so it is stable for any n.
+
+  Args:
+    n: samples drawn per problem (int or int array, broadcast against `c`).
+    c: correct samples per problem, 0 ≤ c ≤ n (int or int array).
+    k: the k of Pass@k, 1 ≤ k ≤ min(n).
+
+  Returns:
+    float64 array of the broadcast shape of n and c (0-d for scalars).
+  """
+  n, c = np.broadcast_arrays(np.asarray(n), np.asarray(c))
+  if not (np.issubdtype(n.dtype, np.integer) and np.issubdtype(c.dtype, np.integer)):
+    raise TypeError(f"pass_at_k: n and c must be integers, got dtypes {n.dtype} and {c.dtype}.")
+  k = int(k)
+  if k < 1:
+    raise ValueError(f"pass_at_k: k={k} must be at least 1.")
+  if n.size and (np.any(c < 0) or np.any(c > n)):
+    raise ValueError("pass_at_k: need 0 <= c <= n for every problem; check the counts.")
+  if n.size and np.any(n < k):
+    raise ValueError(f"pass_at_k: k={k} exceeds the samples per problem (min n={n.min()}).")
+  if n.size == 0:
+    return np.zeros(n.shape, np.float64)
+  j = np.arange(1, int(n.max()) + 1, dtype=np.float64)  # [J]
+  in_product = (j > (n - c)[..., None]) & (j <= n[..., None])  # [..., J]
+  factors = np.where(in_product, 1.0 - k / j, 1.0)
+  return np.where(n - c < k, 1.0, 1.0 - np.prod(factors, axis=-1))
+
+
+def maj_at_k(
+  answers: Sequence[Hashable | None],
+  *,
+  k: int,
+  correct: Sequence[bool] | None = None,
+  gold: Hashable | None = None,
+) -> float:
+  """Maj@k for one problem: is the plurality answer among the first k samples correct?
+
+  Failed extractions (None) abstain. Ties go to the answer seen first (deterministic, like
+  `collections.Counter.most_common`). All abstentions score 0.
+
+  Args:
+    answers: normalised answers of the samples in sampling order (None = no answer).
+    k: number of leading samples that vote.
+    correct: per-sample correctness (same length as answers); the winner's correctness is that of
+      its first occurrence. Pass this when equivalence needs a verifier.
+    gold: the normalised gold answer, compared with `==`. Exactly one of correct/gold.
+
+  Returns:
+    1.0 if the plurality answer is correct, else 0.0.
+  """
+  if (correct is None) == (gold is None):
+    raise ValueError("maj_at_k: pass exactly one of `correct` (per-sample bools) or `gold`.")
+  if not 1 <= k <= len(answers):
+    raise ValueError(f"maj_at_k: k={k} must be in [1, len(answers)={len(answers)}].")
+  if correct is not None and len(correct) != len(answers):
+    raise ValueError(f"maj_at_k: len(correct)={len(correct)} != len(answers)={len(answers)}.")
+  votes: dict[Hashable, int] = {}
+  first: dict[Hashable, int] = {}
+  for i, answer in enumerate(answers[:k]):
+    if answer is None:
+      continue
+    votes[answer] = votes.get(answer, 0) + 1
+    first.setdefault(answer, i)
+  if not votes:
+    return 0.0
+  winner = max(votes, key=lambda a: (votes[a], -first[a]))
+  if correct is not None:
+    return float(bool(correct[first[winner]]))
+  return float(winner == gold)
+
+
+def macro_average(scores: Mapping[str, Any]) -> dict[str, float]:
+  """Per-task mean over problems, and their unweighted ("macro") mean over tasks.
+
+  Args:
+    scores: task name → per-problem scores (e.g. `pass_at_k` output).
+
+  Returns:
+    {task: mean over its problems, ..., "macro": mean of the task means}.
+  """
+  out = {}
+  for name, values in scores.items():
+    values = np.asarray(values, np.float64)
+    if values.size == 0:
+      raise ValueError(f"macro_average: task {name!r} has no problems; drop it or add problems.")
+    out[name] = float(values.mean())
+  if "macro" in out:
+    raise ValueError("macro_average: 'macro' is reserved for the average; rename that task.")
+  out["macro"] = float(np.mean(list(out.values()))) if out else float("nan")
+  return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Diversity (PAPER.md §6)
+
+
+def binary_entropy(p: jax.Array) -> jax.Array:
+  """h(p) = −p ln p − (1 − p) ln(1 − p) in nats, with 0 ln 0 = 0."""
+  p = jnp.clip(jnp.asarray(p, jnp.float32), 0.0, 1.0)
+  return jax.scipy.special.entr(p) + jax.scipy.special.entr(1.0 - p)
+
+
+def js_success_diversity(p: jax.Array, *, average: bool = True) -> jax.Array:
+  """Verifier-projected ("success") Jensen–Shannon diversity of a population.
+
+    JS_succ(x) = h(p̄(x)) − (1/N) Σ_i h(p_i(x)),   p̄ = (1/N) Σ_i p_i,
+
+  h the binary entropy in nats. 0 ≤ JS_succ ≤ ln 2, and JS_succ ≤ JS_pol (data processing).
+
+  Args:
+    p: [N, P] probability that member i answers prompt x correctly (e.g. c_i / n).
+    average: mean over prompts (default) or return the [P] values.
+
+  Returns:
+    Scalar (or [P]) float32.
+  """
+  p = jnp.asarray(p, jnp.float32)
+  if p.ndim != 2:
+    raise ValueError(f"js_success_diversity: p must be [members, prompts], got shape {p.shape}.")
+  js = binary_entropy(p.mean(axis=0)) - binary_entropy(p).mean(axis=0)  # [P]
+  return js.mean() if average else js
+
+
+class SuccessUnion(NamedTuple):
+  """One sample from each member: success probability, population vs a single mean policy."""
+
+  population: jax.Array  # [P] 1 − Π_i (1 − p_i)
+  mean_policy: jax.Array  # [P] 1 − (1 − p̄)^N
+
+
+def success_union(p: jax.Array) -> SuccessUnion:
+  """Probability that at least one of N members (one sample each) answers correctly.
+
+    population = 1 − Π_i (1 − p_i)  ≥  mean_policy = 1 − (1 − p̄)^N   (AM–GM),
+
+  the gap being ≈ N p̄ (1 − p̄)^{N−1} JS_succ (PAPER.md §6).
+
+  Args:
+    p: [N, P] per-member success probabilities.
+  """
+  p = jnp.asarray(p, jnp.float32)
+  if p.ndim != 2:
+    raise ValueError(f"success_union: p must be [members, prompts], got shape {p.shape}.")
+  population = 1.0 - jnp.exp(jnp.sum(jnp.log1p(-jnp.clip(p, 0.0, 1.0)), axis=0))
+  mean_policy = 1.0 - (1.0 - p.mean(axis=0)) ** p.shape[0]
+  return SuccessUnion(population=population, mean_policy=mean_policy)
+
+
+def js_policy_diversity(loglik: jax.Array) -> jax.Array:
+  """Monte-Carlo estimate of the policy Jensen–Shannon diversity on sequences.
+
+    JS_pol = H(π̄) − (1/N) Σ_i H(π_i),   π̄ = (1/N) Σ_i π_i,
+
+  with S sequences y_{j,s} ~ π_j per member and ll[i, j, s] = log π_i(y_{j,s}):
+
+    H(π_i) ≈ −(1/S) Σ_s ll[i, i, s]
+    H(π̄)  ≈ −(1/(N S)) Σ_{j,s} [logsumexp_i ll[i, j, s] − log N]
+
+  (the N·S sequences are a stratified sample of π̄). Unbiased for both entropies; the estimate
+  can be slightly negative when the members nearly coincide.
+
+  Args:
+    loglik: [..., N, N, S] sequence log-likelihoods (scoring member first, sampling member
+      second); leading axes (e.g. prompts) are kept.
+
+  Returns:
+    [...] float32 estimate in nats.
+  """
+  ll = jnp.asarray(loglik, jnp.float32)
+  if ll.ndim < 3 or ll.shape[-3] != ll.shape[-2]:
+    raise ValueError(
+      f"js_policy_diversity: loglik must be [..., N, N, S] (scoring member, sampling member, "
+      f"samples), got shape {ll.shape}."
+    )
+  n = ll.shape[-3]
+  own = jnp.diagonal(ll, axis1=-3, axis2=-2)  # [..., S, N]
+  member_entropy = -own.mean(axis=(-2, -1))
+  log_mixture = jax.nn.logsumexp(ll, axis=-3) - jnp.log(n)  # [..., N, S]
+  mixture_entropy = -log_mixture.mean(axis=(-2, -1))
+  return mixture_entropy - member_entropy
+
+
+# ---------------------------------------------------------------------------------------------
+# Token entropy, drift, sparsity (PAPER.md §7)
+
+
+def token_entropy(entropy: jax.Array, mask: jax.Array, *, eps: float = 1e-8) -> jax.Array:
+  """Mean full-distribution entropy per generated token: Σ H_bt m_bt / max(Σ m_bt, eps).
+
+  Args:
+    entropy: [B, T] per-token entropy of the sampling distribution (nats).
+    mask: [B, T] 1 for generated tokens, 0 for padding.
+  """
+  entropy = jnp.asarray(entropy, jnp.float32)
+  mask = jnp.asarray(mask, jnp.float32)
+  if entropy.shape != mask.shape:
+    raise ValueError(f"token_entropy: entropy {entropy.shape} and mask {mask.shape} differ.")
+  return jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), eps)
+
+
+def _leaves_pair(params: Any, base: Any, name: str) -> tuple[list, list]:
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  base_leaves, base_treedef = jax.tree_util.tree_flatten(base)
+  if treedef != base_treedef:
+    raise ValueError(
+      f"{name}: the parameter trees differ in structure: {treedef} vs {base_treedef}."
+    )
+  for a, b in zip(leaves, base_leaves, strict=True):
+    if jnp.shape(a) != jnp.shape(b):
+      raise ValueError(f"{name}: leaf shapes differ: {jnp.shape(a)} vs {jnp.shape(b)}.")
+  return leaves, base_leaves
+
+
+def relative_drift(params: Any, base: Any) -> jax.Array:
+  """Relative parameter drift ‖θ − θ₀‖₂ / ‖θ₀‖₂ over all leaves (PAPER.md §7), in float32."""
+  leaves, base_leaves = _leaves_pair(params, base, "relative_drift")
+  diff_sq = sum(
+    jnp.sum(jnp.square(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32)))
+    for a, b in zip(leaves, base_leaves, strict=True)
+  )
+  base_sq = sum(jnp.sum(jnp.square(jnp.asarray(b, jnp.float32))) for b in base_leaves)
+  return jnp.sqrt(diff_sq) / jnp.sqrt(base_sq)
+
+
+def update_sparsity(delta: Any, tau: float) -> jax.Array:
+  """Fraction of changed coordinates that thresholding at τ would reset (PAPER.md §7).
+
+    s_τ = |{0 < |Δθ| ≤ τ}| / |{|Δθ| > 0}|,   0 when nothing changed.
+
+  Args:
+    delta: pytree of Δθ = θ_tuned − θ_base.
+    tau: threshold τ ≥ 0.
+  """
+  small = changed = jnp.float32(0.0)
+  for d in jax.tree_util.tree_leaves(delta):
+    a = jnp.abs(jnp.asarray(d, jnp.float32))
+    # Per-leaf int32 counts (a leaf holds < 2^31 entries), summed across leaves in float32.
+    changed += jnp.sum(a > 0).astype(jnp.float32)
+    small += jnp.sum((a > 0) & (a <= tau)).astype(jnp.float32)
+  return jnp.where(changed > 0, small / jnp.maximum(changed, 1.0), 0.0)
+
+
+def threshold_update(base: Any, tuned: Any, tau: float) -> Any:
+  """Reset every coordinate whose update is small, 0 < |θ_tuned − θ_base| ≤ τ, to its base value.
+
+  Args:
+    base: base parameter pytree θ₀.
+    tuned: tuned parameter pytree θ (same structure and shapes).
+    tau: threshold τ ≥ 0.
+
+  Returns:
+    A pytree like `tuned` (its dtypes) with the small updates undone.
+  """
+  _leaves_pair(tuned, base, "threshold_update")
+
+  def reset(b, t):
+    t = jnp.asarray(t)
+    a = jnp.abs(t.astype(jnp.float32) - jnp.asarray(b).astype(jnp.float32))
+    return jnp.where((a > 0) & (a <= tau), jnp.asarray(b).astype(t.dtype), t)
+
+  return jax.tree_util.tree_map(reset, base, tuned)

@@ -1,0 +1,301 @@
+"""Key-regenerated Gaussian noise for Evolution Strategies (full rank and EGGROLL low rank).
+
+Noise is never stored: it is a pure function of (key, leaf index, leaf shape, options), so the
+exact same noise is produced when a member is evaluated and when the update is formed.
+
+Key derivation (nothing random is stored)::
+
+  step_key = fold_in(run_key, step)
+  key_i    = member_key(step_key, i)    = fold_in(step_key, i)
+  key_il   = fold_in(key_i, l)          # l: the leaf index below
+
+Stable leaf order: leaf ``l`` is the ``l``-th entry of
+``jax.tree_util.tree_leaves_with_path(params)`` (the same order as ``jax.tree.leaves``: dict and
+``nnx.State`` keys sorted, sequences in order). Adding or removing a parameter shifts the indices
+of the leaves after it.
+
+Per leaf of shape ``s`` (float32 always, whatever the parameter dtype):
+
+* full rank: ``eps = jax.random.normal(key_il, s)``, iid N(0, 1).
+* low rank ``r`` (EGGROLL, arXiv 2511.16652), leaves with ``ndim >= 2``: the last two dims are
+  the matrix ``(m, n)`` and leading dims index independent matrices (a layer-stacked
+  ``[L, m, n]`` weight gets independent factors per layer).
+  ``key_a, key_b = jax.random.split(key_il)``, ``a = normal(key_a, [..., m, r])``,
+  ``b = normal(key_b, [..., n, r])``, and the represented noise is ``E = a @ b^T / sqrt(r)``
+  (every entry has variance 1). Leaves with ``ndim < 2`` get full-rank noise
+  (``low_rank_vectors="full"``) or zeros (``"frozen"``).
+
+Antithetic sampling (``antithetic=True``): member ``i`` uses the noise of pair ``j = i // 2``, drawn
+from ``member_key(step_key, j)``, with sign ``+1`` for even ``i`` and ``-1`` for odd ``i``.
+
+Bit-identical regeneration holds between a Python loop, ``lax.scan``/``fori_loop`` and ``vmap`` over
+members for the default threefry PRNG; other PRNG implementations (``rbg``) may differ under vmap.
+"""
+
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+PRECISIONS = ("fp32", "bf16_faithful")
+LOW_RANK_VECTORS = ("full", "frozen")
+
+
+class LowRankNoise(NamedTuple):
+  """Low-rank noise factors of one matrix leaf; the noise is ``a @ b^T / sqrt(r)``.
+
+  A plain NamedTuple of two arrays so model code can consume it directly:
+  ``x @ W + sigma * ((x @ a) @ b^T) / sqrt(r)``.
+  """
+
+  a: jax.Array  # [..., m, r]
+  b: jax.Array  # [..., n, r]
+
+
+def _is_low_rank(x: Any) -> bool:
+  return isinstance(x, LowRankNoise)
+
+
+def validate_noise_options(*, rank: int | None, low_rank_vectors: str) -> None:
+  """Raises ValueError for a bad ``rank`` or ``low_rank_vectors``."""
+  if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+    raise ValueError(f"rank={rank!r} is invalid: pass a positive int for low-rank noise or None.")
+  if low_rank_vectors not in LOW_RANK_VECTORS:
+    raise ValueError(
+      f"low_rank_vectors={low_rank_vectors!r} is invalid: use one of {LOW_RANK_VECTORS}."
+    )
+
+
+def member_key(step_key: jax.Array, i: int | jax.Array) -> jax.Array:
+  """Key of population member ``i``: ``fold_in(step_key, i)``. ``i`` may be traced."""
+  return jax.random.fold_in(step_key, i)
+
+
+def member_key_and_sign(
+  step_key: jax.Array, i: int | jax.Array, *, antithetic: bool = False
+) -> tuple[jax.Array, jax.Array]:
+  """Noise key and sign of member ``i``.
+
+  Args:
+    step_key: key of this ES step.
+    i: member index in ``[0, N)``; may be traced.
+    antithetic: if True, members ``2j`` and ``2j + 1`` share ``member_key(step_key, j)`` with signs
+      ``+1`` and ``-1``.
+
+  Returns:
+    ``(key, sign)`` with ``sign`` a float32 scalar.
+  """
+  if not antithetic:
+    return member_key(step_key, i), jnp.float32(1.0)
+  sign = 1.0 - 2.0 * jnp.asarray(i % 2, jnp.float32)
+  return member_key(step_key, i // 2), sign
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """float32 N(0, 1) of ``shape``, drawn flat then reshaped.
+
+  Bit-identical to ``jax.random.normal(key, shape)`` for threefry, but drawing flat avoids XLA
+  constant-folding the multi-dimensional counter iotas, which made compiling a 3-D draw take
+  seconds on CPU (jax 0.10, ``jax_threefry_partitionable``).
+  """
+  return jax.random.normal(key, (math.prod(shape),), jnp.float32).reshape(shape)
+
+
+def leaf_noise(
+  key: jax.Array,
+  leaf_index: int,
+  shape: tuple[int, ...],
+  *,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+) -> jax.Array | LowRankNoise:
+  """Noise of one leaf from a member key; the single primitive behind every noise in es_jax.
+
+  Args:
+    key: the member key (``member_key(step_key, i)``).
+    leaf_index: position of the leaf in the stable leaf order (module docstring).
+    shape: the leaf's shape.
+    rank: None for full-rank noise, or the EGGROLL rank ``r``.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` (zeros) for leaves with ``ndim < 2`` in low rank.
+
+  Returns:
+    A float32 array of ``shape``, or ``LowRankNoise`` for matrix leaves in low rank.
+  """
+  key_leaf = jax.random.fold_in(key, leaf_index)
+  shape = tuple(shape)
+  if rank is None:
+    return _normal(key_leaf, shape)
+  if len(shape) < 2:
+    if low_rank_vectors == "frozen":
+      return jnp.zeros(shape, jnp.float32)
+    return _normal(key_leaf, shape)
+  *lead, m, n = shape
+  key_a, key_b = jax.random.split(key_leaf)
+  a = _normal(key_a, (*lead, m, rank))  # [..., m, r]
+  b = _normal(key_b, (*lead, n, rank))  # [..., n, r]
+  return LowRankNoise(a, b)
+
+
+def sample_noise(
+  params: Any, key: jax.Array, *, rank: int | None = None, low_rank_vectors: str = "full"
+) -> Any:
+  """Noise for every leaf of ``params`` from one member key.
+
+  Args:
+    params: parameter pytree (only leaf shapes are used).
+    key: the member key, ``member_key(step_key, i)``.
+    rank: None for full rank (a pytree like ``params`` of float32 N(0, 1)), or the EGGROLL rank:
+      matrix leaves become ``LowRankNoise(a, b)`` representing ``a @ b^T / sqrt(rank)``.
+    low_rank_vectors: in low rank, ``"full"`` noise or ``"frozen"`` (zeros) for ``ndim < 2`` leaves.
+
+  Returns:
+    A pytree with the structure of ``params`` whose leaves are arrays or ``LowRankNoise``.
+  """
+  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  noise = [
+    leaf_noise(key, l, jnp.shape(x), rank=rank, low_rank_vectors=low_rank_vectors)
+    for l, x in enumerate(leaves)
+  ]
+  return treedef.unflatten(noise)
+
+
+def scale_noise(noise: Any, scale: float | jax.Array) -> Any:
+  """Multiplies noise by a scalar; for ``LowRankNoise`` only ``a`` is scaled."""
+
+  def _scale(x):
+    if _is_low_rank(x):
+      return LowRankNoise(x.a * scale, x.b)
+    return x * scale
+
+  return jax.tree.map(_scale, noise, is_leaf=_is_low_rank)
+
+
+def member_noise(
+  params: Any,
+  step_key: jax.Array,
+  i: int | jax.Array,
+  *,
+  antithetic: bool = False,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+) -> Any:
+  """Noise of population member ``i`` (antithetic sign applied); ``i`` may be traced.
+
+  Evaluation (``perturb_member``, the model's low-rank hook) and the ES update both go through
+  this function's pieces (``member_key_and_sign`` and ``leaf_noise``), so they see identical noise.
+  """
+  key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
+  noise = sample_noise(params, key, rank=rank, low_rank_vectors=low_rank_vectors)
+  return noise if not antithetic else scale_noise(noise, sign)
+
+
+def materialize(noise: Any) -> Any:
+  """Dense float32 noise: ``LowRankNoise`` leaves become ``a @ b^T / sqrt(r)``; others unchanged.
+
+  Costs ``m x n`` per matrix: for small models, tests and reference computations only.
+  """
+
+  def _dense(x):
+    if _is_low_rank(x):
+      r = x.a.shape[-1]
+      prod = jnp.einsum("...mr,...nr->...mn", x.a, x.b, precision=jax.lax.Precision.HIGHEST)
+      return prod / jnp.float32(math.sqrt(r))
+    return jnp.asarray(x, jnp.float32)
+
+  return jax.tree.map(_dense, noise, is_leaf=_is_low_rank)
+
+
+def _round_to(x: jax.Array, dtype: Any) -> jax.Array:
+  """Rounds float32 ``x`` to ``dtype``'s precision, staying float32.
+
+  ``lax.reduce_precision`` is used rather than a cast pair because XLA may elide
+  ``f32 -> bf16 -> f32`` converts (excess precision), which would break the faithful mode.
+  """
+  info = jnp.finfo(dtype)
+  if info.bits >= 32:
+    return x
+  return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
+def _add_leaf(p: jax.Array, e: jax.Array, sigma: jax.Array, precision: str) -> jax.Array:
+  dtype = p.dtype
+  p32 = p.astype(jnp.float32)
+  if precision == "fp32":
+    return (p32 + sigma * e).astype(dtype)
+  # bf16_faithful: w.add_(sigma * randn(shape, dtype=w.dtype)) as the seed (PyTorch) code does it:
+  # the fp32 normal is rounded to the weight dtype, sigma * noise is computed in fp32 and rounded to
+  # the weight dtype, then the sum is computed in fp32 and rounded to the weight dtype.
+  e_w = _round_to(e, dtype)
+  step_w = _round_to(sigma * e_w, dtype)
+  return _round_to(p32 + step_w, dtype).astype(dtype)
+
+
+def apply_noise(
+  params: Any, noise: Any, sigma: float | jax.Array, *, precision: str = "fp32"
+) -> Any:
+  """``params + sigma * noise`` in each leaf's dtype (low-rank leaves are materialised).
+
+  Args:
+    params: parameter pytree.
+    noise: pytree from ``sample_noise``/``member_noise`` with the structure of ``params``.
+    sigma: noise scale σ (a value, so changing it does not recompile).
+    precision: ``"fp32"``: ``(float32(w) + σ ε)`` rounded once to the weight dtype (exact for fp32
+      master weights). ``"bf16_faithful"``: the seed code's arithmetic in the weight dtype,
+      ``round_w(w + round_w(σ · round_w(ε)))``, with ``round_w`` rounding to the weight dtype
+      (PAPER.md §1), so bf16 drift figures compare like for like. Identical for fp32 weights.
+
+  Returns:
+    Perturbed params with the dtypes of ``params``.
+  """
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+  leaves, treedef = jax.tree_util.tree_flatten(params)
+  noise_leaves = treedef.flatten_up_to(noise)
+  sigma = jnp.asarray(sigma, jnp.float32)
+  out = []
+  for p, e in zip(leaves, noise_leaves, strict=True):
+    p = jnp.asarray(p)
+    e = materialize(e)
+    if e.shape != p.shape:
+      raise ValueError(f"noise shape {e.shape} does not match parameter shape {p.shape}.")
+    out.append(_add_leaf(p, e, sigma, precision))
+  return treedef.unflatten(out)
+
+
+def perturb(
+  params: Any,
+  key: jax.Array,
+  sigma: float | jax.Array,
+  *,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+  precision: str = "fp32",
+) -> Any:
+  """``θ + σ ε`` with ``ε = sample_noise(params, key, ...)``, in the params' dtypes.
+
+  Low-rank noise is materialised here: use it for small models, tests and references; large
+  models consume ``LowRankNoise`` inside the forward pass instead. See ``apply_noise`` for
+  ``precision``.
+  """
+  noise = sample_noise(params, key, rank=rank, low_rank_vectors=low_rank_vectors)
+  return apply_noise(params, noise, sigma, precision=precision)
+
+
+def perturb_member(
+  params: Any,
+  step_key: jax.Array,
+  i: int | jax.Array,
+  sigma: float | jax.Array,
+  *,
+  antithetic: bool = False,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+  precision: str = "fp32",
+) -> Any:
+  """``θ + σ ε_i`` for population member ``i`` (``member_noise``); ``i`` may be traced/vmapped."""
+  noise = member_noise(
+    params, step_key, i, antithetic=antithetic, rank=rank, low_rank_vectors=low_rank_vectors
+  )
+  return apply_noise(params, noise, sigma, precision=precision)

@@ -1,0 +1,247 @@
+"""Tests for es_jax.es: explicit formula, shared noise, gradient alignment, optimisation, jit."""
+
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from es_jax import es, fitness, noise
+
+N = 8
+SIGMA = 0.1
+
+
+def _params(dtype=jnp.float32):
+  return {
+    "b": jnp.zeros((6,), dtype),  # vector leaf
+    "w": jnp.ones((3, 5, 4), dtype),  # layer-stacked matrices [L, m, n]
+  }
+
+
+# Shared jitted direction: tests hit its cache instead of compiling again.
+_direction = jax.jit(
+  es.es_update_direction,
+  static_argnames=("population_size", "antithetic", "rank", "low_rank_vectors"),
+)
+
+
+def _explicit(params, weights, key, **kw):
+  """-(1/N) Σ_i w_i ε_i from materialised member noise, in float64."""
+  eps = [noise.materialize(noise.member_noise(params, key, i, **kw)) for i in range(len(weights))]
+  return jax.tree.map(
+    lambda *e: -np.tensordot(np.asarray(weights, np.float64), np.stack(e), axes=1) / len(weights),
+    *eps,
+  )
+
+
+CONFIGS = [
+  dict(antithetic=False, rank=None, low_rank_vectors="full"),
+  dict(antithetic=True, rank=None, low_rank_vectors="full"),
+  dict(antithetic=False, rank=2, low_rank_vectors="full"),
+  dict(antithetic=True, rank=2, low_rank_vectors="frozen"),
+]
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: f"anti{kw['antithetic']}-rank{kw['rank']}")
+def test_update_equals_explicit_formula(key, kw):
+  params = _params()
+  weights = jax.random.normal(jax.random.key(3), (N,))
+  got = _direction(params, weights, key, population_size=N, **kw)
+  want = _explicit(params, weights, key, **kw)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    assert g.dtype == jnp.float32
+    np.testing.assert_allclose(-g, w, rtol=0, atol=1e-6)
+  if kw["low_rank_vectors"] == "frozen":
+    assert np.all(np.asarray(got["b"]) == 0)
+  else:
+    assert np.all(np.asarray(got["b"]) != 0)
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: f"anti{kw['antithetic']}-rank{kw['rank']}")
+def test_update_regenerates_the_evaluation_noise(key, kw):
+  # Weight N on member i alone: the direction is member i's noise. Full rank: bit-identical
+  # (N is a power of two, so multiplying by N and by 1/N is exact).
+  params = _params()
+  for i in (0, 5):
+    onehot = jnp.zeros((N,)).at[i].set(N)
+    got = _direction(params, onehot, key, population_size=N, **kw)
+    used = noise.materialize(noise.member_noise(params, key, i, **kw))
+    for g, u in zip(jax.tree.leaves(got), jax.tree.leaves(used), strict=True):
+      if kw["rank"] is None:
+        np.testing.assert_array_equal(g, u)
+      else:
+        np.testing.assert_allclose(g, u, rtol=0, atol=1e-6)
+
+
+def test_memory_is_not_population_times_params(key):
+  # No array in the lowered update holds N copies of a leaf: noise is regenerated per member.
+  params = {"big": jnp.zeros((4096,))}
+  weights = jnp.ones((64,))
+  hlo = (
+    jax.jit(
+      functools.partial(es.es_update_direction, population_size=64, antithetic=False, rank=None)
+    )
+    .lower(params, weights, key)
+    .as_text()
+  )
+  sizes = [np.prod([int(d) for d in m.split("x")]) for m in re.findall(r"tensor<([\dx]+)x", hlo)]
+  assert sizes and max(sizes) < 64 * 4096 / 8
+
+
+def test_chain_with_sgd_is_the_paper_step_and_jit_does_not_retrace(key):
+  params = _params()
+  alpha = 0.5
+  opt = optax.chain(es.es_gradient(N, SIGMA), optax.sgd(alpha))
+  traces = []
+
+  @jax.jit
+  def step(params, state, r, k):
+    traces.append(1)
+    updates, state = opt.update(None, state, params, fitness=r, key=k)
+    return optax.apply_updates(params, updates), state
+
+  state = opt.init(params)
+  r = jax.random.uniform(jax.random.key(4), (N,))
+  new_params, state = step(params, state, r, key)
+  # θ + (α/N) Σ z_i ε_i
+  want = jax.tree.map(lambda p, d: p - alpha * d, params, _explicit(params, fitness.zscore(r), key))
+  for g, w in zip(jax.tree.leaves(new_params), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+  assert int(state[0].count) == 1
+  # Second call: new fitness and key, NaN fitness included; same trace, finite parameters.
+  r2 = r.at[2].set(jnp.nan)
+  newer, state = step(new_params, state, r2, jax.random.fold_in(key, 1))
+  assert len(traces) == 1 and int(state[0].count) == 2
+  assert all(np.all(np.isfinite(x)) for x in jax.tree.leaves(newer))
+
+
+def test_shapings_are_wired_and_bf16_params(key):
+  r = np.arange(N, dtype=np.float32)  # ranks 0..7
+  z = (r - 3.5) / r.std()
+  shape = jax.jit(es.shape_fitness, static_argnames=("population_size", "shaping"))
+  for shaping, fit, want in [
+    ("zscore", r, z),
+    ("centered_rank", r, r / 7 - 0.5),
+    ("per_prompt_zscore", np.stack([r, r, r], axis=1), z),  # [N, P]: equal columns -> zscore
+    (jnp.negative, r, -r),
+    (lambda x: x.at[1].set(jnp.nan), r, np.where(r == 1, 0, r)),  # non-finite weight -> 0
+  ]:
+    got = shape(fit, population_size=N, shaping=shaping)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    assert got.dtype == jnp.float32
+  # bf16 weights: float32 updates, and apply_updates keeps the weights' dtype.
+  p16 = _params(jnp.bfloat16)
+  direction = _direction(p16, z, key, population_size=N)
+  want = _direction(_params(), z, key, population_size=N)
+  for d, w in zip(jax.tree.leaves(direction), jax.tree.leaves(want), strict=True):
+    assert d.dtype == jnp.float32
+    np.testing.assert_array_equal(d, w)
+  new = optax.apply_updates(p16, direction)
+  assert all(p.dtype == jnp.bfloat16 for p in jax.tree.leaves(new))
+
+
+def test_cosine_with_true_gradient(key):
+  # f(θ) = -||θ - θ*||², d = 1000, one-point ES with z-score shaping. For f nearly linear over σ,
+  # z_i ≈ u·ε_i (u the unit gradient), so (1/N) Σ z_i ε_i ≈ u + (an isotropic residual of squared
+  # norm (d - 1)/N): cos ≈ (1 + d/N)^(-1/2). N = 8192 gives 0.944, with a standard deviation
+  # of about 0.003 (chi-square residual with d - 1 dof; the alignment term ~ 1 ± 1/sqrt(2N)),
+  # so the 0.9 threshold sits > 10 sd below. The curvature term σ²||ε||² varies by
+  # σ² sqrt(2d) = 0.0045 against the linear term's σ||∇f|| ≈ 0.9: negligible.
+  d, pop, sigma = 1000, 8192, 1e-2
+  theta_star = jax.random.normal(jax.random.key(6), (d,))
+  params = {"theta": jnp.zeros((d,))}
+
+  def f(theta):
+    return -jnp.sum(jnp.square(theta - theta_star))
+
+  @jax.jit
+  def estimate(params, key):
+    r = jax.vmap(lambda i: f(noise.perturb_member(params, key, i, sigma)["theta"]))(jnp.arange(pop))
+    tx = es.es_gradient(pop, sigma)
+    return tx.update(None, tx.init(params), params, fitness=r, key=key)[0]["theta"]
+
+  g_es = -estimate(params, key)  # ascent direction
+  g_true = jax.grad(f)(params["theta"])
+  cos = jnp.dot(g_es, g_true) / (jnp.linalg.norm(g_es) * jnp.linalg.norm(g_true))
+  assert 0.9 < float(cos) < 0.98
+
+
+def _quadratic(theta):
+  target = jnp.array([1.5, -2.0, 0.5, 1.0])
+  return -jnp.sum(jnp.square(theta - target))
+
+
+def _rosenbrock(theta):
+  return -(
+    100.0 * jnp.sum(jnp.square(theta[1:] - theta[:-1] ** 2)) + jnp.sum(jnp.square(1.0 - theta[:-1]))
+  )
+
+
+@functools.partial(jax.jit, static_argnames=("optimiser",))
+def _optimise(problem, *, optimiser):
+  """1000 ES steps from θ = 0 (N = 16, σ = 0.02); returns f per step. ``problem`` is traced
+  (lax.switch) so one compile serves both objectives."""
+  pop, sigma = 16, 0.02
+  tx = optax.chain(es.es_gradient(pop, sigma), optimiser(0.02))
+
+  def f(theta):
+    return jax.lax.switch(problem, [_quadratic, _rosenbrock], theta)
+
+  def step(carry, t):
+    params, state = carry
+    k = jax.random.fold_in(jax.random.key(1), t)
+    members = jnp.arange(pop)
+    r = jax.vmap(lambda i: f(noise.perturb_member(params, k, i, sigma)["theta"]))(members)
+    updates, state = tx.update(None, state, params, fitness=r, key=k)
+    params = optax.apply_updates(params, updates)
+    return (params, state), f(params["theta"])
+
+  params = {"theta": jnp.zeros((4,))}
+  return jax.lax.scan(step, (params, tx.init(params)), jnp.arange(1000))[1]
+
+
+@pytest.mark.parametrize("optimiser", [optax.sgd, optax.adam])
+def test_sgd_and_adam_drive_f_up(optimiser):
+  zero = jnp.zeros((4,))
+  # Quadratic: f(0) = -7.5; the step size 0.02 bounds the final error to ~1e-3.
+  quad = _optimise(0, optimiser=optimiser)
+  assert float(_quadratic(zero)) == -7.5
+  assert float(quad[-1]) > -0.05
+  # Rosenbrock in 4-D: f(0) = -3; the curved valley is slow, measured about -0.1 to -0.3.
+  rosen = _optimise(1, optimiser=optimiser)
+  assert float(_rosenbrock(zero)) == -3.0
+  assert float(jnp.mean(rosen[-100:])) > -1.0
+
+
+def test_bad_inputs_name_the_value(key):
+  params = _params()
+  with pytest.raises(ValueError, match=r"population_size=7 is odd"):
+    es.es_gradient(7, SIGMA, antithetic=True)
+  with pytest.raises(ValueError, match=r"sigma=0.0 must be > 0"):
+    es.es_gradient(N, 0.0)
+  with pytest.raises(ValueError, match=r"sigma=-1 must be > 0"):
+    es.es_gradient(N, -1)
+  with pytest.raises(ValueError, match=r"sigma=nan must be > 0"):
+    es.es_gradient(N, float("nan"))
+  with pytest.raises(ValueError, match=r"shaping='rank' is unknown"):
+    es.es_gradient(N, SIGMA, shaping="rank")
+  with pytest.raises(ValueError, match=r"population_size=0"):
+    es.es_gradient(0, SIGMA)
+  with pytest.raises(ValueError, match=r"rank=0"):
+    es.es_gradient(N, SIGMA, rank=0)
+  tx = es.es_gradient(N, SIGMA)
+  with pytest.raises(ValueError, match=r"fitness has shape \(7,\), expected \(8,\)"):
+    tx.update(None, tx.init(params), params, fitness=jnp.zeros((7,)), key=key)
+  with pytest.raises(ValueError, match=r"needs params"):
+    tx.update(None, tx.init(params), None, fitness=jnp.zeros((N,)), key=key)
+  tx = es.es_gradient(N, SIGMA, shaping="per_prompt_zscore")
+  with pytest.raises(ValueError, match=r"fitness has shape \(8,\), expected \(8, P\)"):
+    tx.update(None, tx.init(params), params, fitness=jnp.zeros((N,)), key=key)
+  with pytest.raises(ValueError, match=r"returned shape \(\), expected \(8,\)"):
+    es.shape_fitness(jnp.zeros((N,)), population_size=N, shaping=jnp.sum)
+  with pytest.raises(ValueError, match=r"fitness_weights has shape \(4,\), expected \(8,\)"):
+    es.es_update_direction(params, jnp.zeros((4,)), key, population_size=N)

@@ -1,0 +1,207 @@
+"""Tests for es_jax.noise: keys, regeneration, statistics, antithetic, low rank, precision."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from es_jax import noise
+
+# One tree (and few shapes) throughout: every distinct random shape costs an XLA compile.
+RANK = 4
+
+
+def _params():
+  return {
+    "v": jnp.zeros((2048,), jnp.float32),  # vector leaf (index 0: dict keys are sorted)
+    "w": jnp.ones((4, 32, 16), jnp.float32),  # layer-stacked matrices [L, m, n] (index 1)
+  }
+
+
+def _stack(noises):
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *noises)
+
+
+def _normal(k, shape):
+  # The documented draw: flat, then reshaped (the same bits as jax.random.normal(k, shape)).
+  return jax.random.normal(k, (int(np.prod(shape)),), jnp.float32).reshape(shape)
+
+
+def test_member_key_and_leaf_key_contract(key):
+  params = _params()
+  k3 = noise.member_key(key, 3)
+  np.testing.assert_array_equal(
+    jax.random.key_data(k3), jax.random.key_data(jax.random.fold_in(key, 3))
+  )
+  eps = noise.sample_noise(params, k3)
+  # Stable leaf order: the order of tree_leaves_with_path.
+  for l, (_, leaf) in enumerate(jax.tree_util.tree_leaves_with_path(params)):
+    got = jax.tree.leaves(eps)[l]
+    np.testing.assert_array_equal(got, _normal(jax.random.fold_in(k3, l), leaf.shape))
+    assert got.dtype == jnp.float32
+  low = noise.sample_noise(params, k3, rank=RANK)
+  key_a, key_b = jax.random.split(jax.random.fold_in(k3, 1))
+  np.testing.assert_array_equal(low["w"].a, _normal(key_a, (4, 32, RANK)))
+  np.testing.assert_array_equal(low["w"].b, _normal(key_b, (4, 16, RANK)))
+  np.testing.assert_array_equal(low["v"], eps["v"])
+  # Drawing flat is bit-identical to a shaped draw (checked in 2-D: 3-D draws compile slowly).
+  np.testing.assert_array_equal(_normal(k3, (128, 16)), jax.random.normal(k3, (128, 16)))
+
+
+def test_regeneration_is_bit_identical_loop_and_jit_vmap(key):
+  params = _params()
+  loop = _stack([noise.member_noise(params, key, i, rank=RANK) for i in range(4)])
+  again = noise.member_noise(params, key, 2, rank=RANK)
+  batched = jax.jit(jax.vmap(lambda i: noise.member_noise(params, key, i, rank=RANK)))(
+    jnp.arange(4)
+  )
+  for x, y, z in zip(
+    jax.tree.leaves(loop), jax.tree.leaves(again), jax.tree.leaves(batched), strict=True
+  ):
+    np.testing.assert_array_equal(x, z)
+    np.testing.assert_array_equal(x[2], y)
+  assert not np.array_equal(loop["v"][0], loop["v"][1])
+  assert not np.array_equal(loop["w"].a[0], loop["w"].a[1])
+
+
+def test_statistics_mean_std_and_correlations(key):
+  # 16 members x 2 leaves of n = 2048 coordinates. Under H0 (iid N(0,1)): the mean of n values
+  # has sd 1/sqrt(n), the sample std has sd ~ 1/sqrt(2n), and a sample correlation has sd
+  # ~ 1/sqrt(n). Tolerances are 5 sd (two-sided p ~ 6e-7 each; the 496 correlations below still
+  # give a family-wise false-alarm rate < 3e-4).
+  params = _params()
+  n = 2048
+  eps = _stack([noise.member_noise(params, key, i) for i in range(16)])
+  x = np.concatenate([eps["v"], eps["w"].reshape(16, n)], axis=0).astype(np.float64)  # [32, n]
+  assert np.all(np.abs(x.mean(axis=1)) < 5 / np.sqrt(n))
+  assert np.all(np.abs(x.std(axis=1) - 1.0) < 5 / np.sqrt(2 * n))
+  corr = np.corrcoef(x)  # between members, and between the two leaves of each member
+  off_diag = corr[~np.eye(32, dtype=bool)]
+  assert np.max(np.abs(off_diag)) < 5 / np.sqrt(n)
+  all_values = x.ravel()
+  assert abs(all_values.mean()) < 5 / np.sqrt(all_values.size)
+  assert abs(all_values.std() - 1.0) < 5 / np.sqrt(2 * all_values.size)
+
+
+def test_antithetic_pairs_are_exact_negatives(key):
+  params = _params()
+  for rank in (None, RANK):
+    for j in range(2):
+      even = noise.materialize(noise.member_noise(params, key, 2 * j, antithetic=True, rank=rank))
+      odd = noise.materialize(
+        noise.member_noise(params, key, 2 * j + 1, antithetic=True, rank=rank)
+      )
+      # Pair j draws from member_key(step_key, j).
+      plain = noise.materialize(noise.sample_noise(params, noise.member_key(key, j), rank=rank))
+      for e, o, p in zip(
+        jax.tree.leaves(even), jax.tree.leaves(odd), jax.tree.leaves(plain), strict=True
+      ):
+        np.testing.assert_array_equal(e, -o)
+        np.testing.assert_array_equal(e, p)
+
+
+def test_low_rank_shapes_vectors_and_independent_layers(key):
+  params = _params()
+  eps = noise.sample_noise(params, key, rank=RANK)
+  assert isinstance(eps["w"], noise.LowRankNoise)
+  assert eps["w"].a.shape == (4, 32, RANK) and eps["w"].b.shape == (4, 16, RANK)
+  assert eps["v"].shape == (2048,) and np.all(eps["v"] != 0)
+  assert not np.allclose(eps["w"].a[0], eps["w"].a[1])
+  frozen = noise.sample_noise(params, key, rank=RANK, low_rank_vectors="frozen")
+  np.testing.assert_array_equal(frozen["v"], np.zeros(2048))
+  np.testing.assert_array_equal(frozen["w"].a, eps["w"].a)
+  dense = noise.materialize(eps)
+  want = np.einsum("lmr,lnr->lmn", eps["w"].a, eps["w"].b) / np.sqrt(RANK)
+  np.testing.assert_allclose(dense["w"], want, rtol=1e-6, atol=1e-6)
+
+
+def test_low_rank_entry_variance_is_one(key):
+  # E = a b^T / sqrt(r): E[E^2] = 1, Var(E^2) = 2 + 6/r, and two entries sharing a row or a
+  # column have Cov(E^2, E'^2) = 2/r. For one m x n matrix the mean of E^2 therefore has variance
+  # (2 + 6/r + (m - 1 + n - 1) 2/r) / (m n); K independent matrices divide it by K.
+  # Here m, n, r = 32, 16, 4 and K = 16 members x 4 layers: sd = 0.028; tolerance 5 sd.
+  # Entries are uncorrelated (though dependent), so their mean has sd 1/sqrt(m n K).
+  params = _params()
+  m, n, num = 32, 16, 16 * 4
+  e = np.stack(
+    [
+      np.asarray(noise.materialize(noise.member_noise(params, key, i, rank=RANK))["w"])
+      for i in range(16)
+    ]
+  ).astype(np.float64)
+  sd = np.sqrt((2 + 6 / RANK + (m + n - 2) * 2 / RANK) / (m * n) / num)
+  assert abs(np.mean(e**2) - 1.0) < 5 * sd
+  assert abs(np.mean(e)) < 5 / np.sqrt(m * n * num)
+
+
+def test_perturb_full_and_low_rank(key):
+  params = _params()
+  sigma = 0.01
+  for rank in (None, RANK):
+    got = noise.perturb(params, key, sigma, rank=rank)
+    dense = noise.materialize(noise.sample_noise(params, key, rank=rank))
+    for p, e, g in zip(
+      jax.tree.leaves(params), jax.tree.leaves(dense), jax.tree.leaves(got), strict=True
+    ):
+      np.testing.assert_allclose(g, p + sigma * e, rtol=0, atol=1e-7)
+      assert g.dtype == p.dtype
+
+
+def _bf16(x):
+  return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def test_bf16_faithful_matches_documented_arithmetic(key):
+  # LLM-like weights (std 0.02) and the paper's sigma = 1.5e-3: the step spans a few bf16 ulps, so
+  # rounding the noise and the step first changes the result of a few percent of the entries.
+  rng = np.random.default_rng(0)
+  w = _bf16(0.02 * rng.standard_normal((4, 32, 16)))
+  sigma = 1.5e-3
+  params = {"w": jnp.asarray(w)}
+  eps = np.asarray(noise.sample_noise(params, key)["w"], np.float32)
+  # Reference in numpy/ml_dtypes: round(w + round(sigma * round(eps))), products/sums in fp32.
+  step = _bf16(np.float32(sigma) * _bf16(eps).astype(np.float32))
+  want = _bf16(w.astype(np.float32) + step.astype(np.float32))
+  fp32_want = _bf16(w.astype(np.float32) + np.float32(sigma) * eps)
+  eager = noise.perturb(params, key, sigma, precision="bf16_faithful")["w"]
+  jitted = jax.jit(lambda p, s: noise.perturb(p, key, s, precision="bf16_faithful"))(params, sigma)
+  for got in (eager, jitted["w"]):
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want.view(np.uint16))
+  got_fp32 = noise.perturb(params, key, sigma)["w"]
+  assert got_fp32.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got_fp32).view(np.uint16), fp32_want.view(np.uint16))
+  assert np.mean(want != fp32_want) > 0.01  # the modes differ, so the checks can tell them apart
+  # For fp32 weights the two modes agree exactly.
+  p32 = {"w": jnp.asarray(w, jnp.float32)}
+  np.testing.assert_array_equal(
+    noise.perturb(p32, key, sigma, precision="bf16_faithful")["w"],
+    noise.perturb(p32, key, sigma)["w"],
+  )
+
+
+def test_perturb_member_on_nnx_state(key):
+  # The model's parameters come from nnx.split: leaves sit inside nnx.Param variables.
+  from flax import nnx
+
+  params = nnx.State({k: nnx.Param(v) for k, v in _params().items()})
+  eps = noise.member_noise(params, key, 3, antithetic=True, rank=RANK)
+  assert isinstance(eps["w"].get_value(), noise.LowRankNoise)
+  got = noise.perturb_member(params, key, 3, 0.5, antithetic=True, rank=RANK)
+  want = noise.perturb(_params(), noise.member_key(key, 1), -0.5, rank=RANK)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+    np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+  "kwargs, match",
+  [
+    ({"rank": 0}, "rank=0"),
+    ({"rank": 2, "low_rank_vectors": "zero"}, "low_rank_vectors='zero'"),
+    ({"precision": "bf16"}, "precision='bf16'"),
+  ],
+)
+def test_bad_options_raise(key, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    noise.perturb(_params(), key, 0.1, **kwargs)

@@ -1,0 +1,207 @@
+"""Sampler tests: against transformers' greedy decode, full forwards, and sampling statistics."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+from tiny_models import torch_model
+
+from es_jax.models import forward, load_default, positions_from_mask
+from es_jax.models.hf import config_from_hf, params_from_hf_tensors
+from es_jax.sampling import _generate, generate, pad_prompts, sample_token
+
+EOS = 255
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  """A tiny random Llama as (torch reference, es_jax params, config)."""
+  ref = torch_model("llama")
+  cfg = config_from_hf(ref.config.to_dict())
+  tensors = {k: v.float().numpy() for k, v in ref.state_dict().items()}
+  return ref, params_from_hf_tensors(tensors, cfg), cfg
+
+
+def _prompts():
+  return pad_prompts([[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7]], pad_id=0, bucket=8)
+
+
+def test_greedy_matches_transformers_generate(tiny):
+  import torch
+
+  ref, p, cfg = tiny
+  ids, mask = _prompts()
+  out = generate(p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12)
+  with torch.no_grad():
+    expected = ref.generate(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask.astype(np.int64)),
+      max_new_tokens=12,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )[:, ids.shape[1] :].numpy()
+  np.testing.assert_array_equal(np.asarray(out.tokens), expected)
+  assert np.asarray(out.mask).all() and (np.asarray(out.lengths) == 12).all()
+
+
+def _full_forward_logprobs(p, cfg, ids, mask, out):
+  """log_softmax of one full forward over prompt + completion, at the generated tokens."""
+  T = out.tokens.shape[1]
+  seq = jnp.concatenate([jnp.asarray(ids), out.tokens], axis=1)
+  seq_mask = jnp.concatenate([jnp.asarray(mask), out.mask], axis=1)
+  logits, _ = forward(p, seq, positions_from_mask(seq_mask), config=cfg, mask=seq_mask)
+  logp_all = jax.nn.log_softmax(logits[:, ids.shape[1] - 1 : -1], axis=-1)  # [B, T, V]
+  logp = jnp.take_along_axis(logp_all, out.tokens[..., None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  return logp, entropy, T
+
+
+def test_sampled_logprobs_and_entropy_equal_full_forward(tiny):
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  out = generate(
+    p, ids, mask, config=cfg, key=jax.random.key(1), max_new_tokens=10, temperature=1.0, top_p=0.9
+  )
+  logp, entropy, _ = _full_forward_logprobs(p, cfg, ids, mask, out)
+  m = np.asarray(out.mask)
+  np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(logp)[m], atol=1e-4)
+  np.testing.assert_allclose(np.asarray(out.entropy)[m], np.asarray(entropy)[m], atol=1e-4)
+  assert np.asarray(out.entropy)[m].min() > 0.1  # sampling, not a collapsed distribution
+
+
+def test_eos_stops_and_masks(tiny):
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  free = generate(
+    p, ids, mask, config=cfg, key=jax.random.key(2), max_new_tokens=8, temperature=1.0
+  )
+  # Use the token row 0 emits at step 2 as EOS: row 0 must stop right after it.
+  eos = int(free.tokens[0, 2])
+  out = generate(
+    p,
+    ids,
+    mask,
+    config=cfg,
+    key=jax.random.key(2),
+    max_new_tokens=8,
+    temperature=1.0,
+    eos_ids=[eos],
+    pad_id=7,
+  )
+  toks, m, lengths = map(np.asarray, (out.tokens, out.mask, out.lengths))
+  np.testing.assert_array_equal(lengths, m.sum(1))
+  for b in range(toks.shape[0]):
+    hits = np.flatnonzero(toks[b] == eos)
+    stop = hits[0] + 1 if hits.size else toks.shape[1]
+    assert lengths[b] == stop
+    assert m[b, :stop].all() and not m[b, stop:].any()
+    assert (toks[b, stop:] == 7).all()
+    assert (np.asarray(out.logprobs)[b, stop:] == 0).all()
+  assert lengths[0] == 3
+  # Until EOS, the tokens are the same draws as without EOS.
+  np.testing.assert_array_equal(toks[0, :3], np.asarray(free.tokens)[0, :3])
+
+
+def test_temperature_sampling_matches_softmax():
+  logits = jnp.log(jnp.asarray([0.5, 0.25, 0.15, 0.1, 0.0]))  # last token impossible
+  n = 40_000
+  batch = jnp.tile(logits * 2.0, (n, 1))  # temperature 2 undoes the scaling
+  toks = np.asarray(
+    jax.jit(sample_token, static_argnames="use_top_p")(
+      batch, jax.random.key(3), 2.0, 1.0, use_top_p=False
+    )
+  )
+  freq = np.bincount(toks, minlength=5) / n
+  expected = np.array([0.5, 0.25, 0.15, 0.1, 0.0])
+  se = np.sqrt(expected * (1 - expected) / n)
+  assert np.all(np.abs(freq - expected) <= 5 * se + 1e-12), freq
+  assert freq[4] == 0
+
+
+def test_top_p_never_samples_outside_the_nucleus():
+  logits = jnp.log(jnp.asarray([0.05, 0.4, 0.3, 0.15, 0.1]))
+  n = 20_000
+  toks = np.asarray(
+    jax.jit(sample_token, static_argnames="use_top_p")(
+      jnp.tile(logits, (n, 1)), jax.random.key(4), 1.0, 0.7, use_top_p=True
+    )
+  )
+  # Nucleus for p = 0.7: tokens 1 (0.4) and 2 (0.3) reach 0.7; renormalised 4/7 and 3/7.
+  freq = np.bincount(toks, minlength=5) / n
+  assert set(np.unique(toks)) == {1, 2}
+  assert abs(freq[1] - 4 / 7) < 5 * np.sqrt((4 / 7) * (3 / 7) / n)
+
+
+def test_no_retrace_on_second_call(tiny):
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  kw = dict(config=cfg, max_new_tokens=4, top_p=0.95)
+  generate(p, ids, mask, key=jax.random.key(0), temperature=0.5, **kw)
+  before = _generate._cache_size()
+  ids2 = np.asarray(ids)[::-1].copy()  # new values, same shapes; new temperature value
+  generate(p, ids2, mask[::-1].copy(), key=jax.random.key(9), temperature=0.9, **kw)
+  assert _generate._cache_size() == before
+
+
+def test_vmap_over_params_equals_individual_calls(tiny):
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  p2 = jax.tree.map(lambda x: x * 1.05, p)
+  stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), p, p2)
+  keys = jax.random.split(jax.random.key(5), 2)
+
+  def run(params, key):
+    return generate(params, ids, mask, config=cfg, key=key, max_new_tokens=6, temperature=1.0)
+
+  batched = jax.vmap(run)(stacked, keys)
+  for i, single_params in enumerate([p, p2]):
+    single = run(single_params, keys[i])
+    np.testing.assert_array_equal(np.asarray(batched.tokens[i]), np.asarray(single.tokens))
+    np.testing.assert_allclose(
+      np.asarray(batched.logprobs[i]), np.asarray(single.logprobs), atol=1e-5
+    )
+
+
+def test_prompt_batch_sharded_over_devices_equals_single_device(tiny):
+  _, p, cfg = tiny
+  assert jax.device_count() == 8
+  rng = np.random.RandomState(0)
+  ids, mask = pad_prompts([list(rng.randint(0, 250, n)) for n in range(1, 9)], pad_id=0, bucket=8)
+  mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
+  row = NamedSharding(mesh, PartitionSpec("pop"))
+  kw = dict(config=cfg, key=jax.random.key(6), max_new_tokens=5, temperature=1.0)
+  sharded = generate(p, jax.device_put(ids, row), jax.device_put(mask, row), **kw)
+  single = generate(p, ids, mask, **kw)
+  assert len(sharded.tokens.sharding.device_set) == 8
+  np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
+
+
+def test_pad_prompts_buckets_and_left_pads():
+  ids, mask = pad_prompts([[1, 2, 3], [4]], pad_id=9, bucket=4)
+  np.testing.assert_array_equal(ids, [[9, 1, 2, 3], [9, 9, 9, 4]])
+  np.testing.assert_array_equal(mask, [[0, 1, 1, 1], [0, 0, 0, 1]])
+  assert pad_prompts([[1] * 5], pad_id=0, bucket=4)[0].shape == (1, 8)
+  with pytest.raises(ValueError, match="no prompts"):
+    pad_prompts([], pad_id=0)
+
+
+def test_bundled_smollm2_answers_a_factual_question():
+  model, tok = load_default()
+  assert model.config.num_layers == 30 and model.config.tie_embeddings
+  msgs = [{"role": "user", "content": "What is the capital of France?"}]
+  text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+  ids, mask = pad_prompts([tok.encode(text, add_special_tokens=False)], pad_id=tok.pad_token_id)
+  out = generate(
+    model,
+    ids,
+    mask,
+    key=jax.random.key(0),
+    max_new_tokens=12,
+    eos_ids=[tok.eos_token_id],
+    pad_id=tok.pad_token_id,
+  )
+  answer = tok.decode(np.asarray(out.tokens[0])[np.asarray(out.mask[0])], skip_special_tokens=True)
+  assert answer.strip() == "The capital of France is Paris."
+  assert int(out.tokens[0, int(out.lengths[0]) - 1]) == tok.eos_token_id
