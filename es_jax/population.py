@@ -1,0 +1,397 @@
+"""Evaluating an ES population: perturbed members generate, the host scores, fitness comes back.
+
+One ES evaluation (PAPER.md §1, DESIGN.md "Data flow")::
+
+  for member i in [0, N):                    # chunks of M members, vmapped within a device,
+    θ_i = θ + σ ε_i                          # chunks split over the mesh axis 'pop'
+    completions_i = generate(θ_i, prompts)   # [P, T], the same prompts for every member
+  host: rewards[i, p] = score_fn(tokens_i, mask_i)[p]       # [N, P]
+  fitness R_i = mean_p rewards[i, p]                         # [N], rewards are maximised
+
+``ε_i`` is ``es_jax.noise.member_noise(params, step_key, i, ...)``, the function the update
+(``es_jax.es.es_gradient``) regenerates, so evaluation and update see identical noise. Nothing
+random is stored and no ``[N, num_params]`` array exists. Within a chunk the noise is drawn one
+member at a time (``lax.map``, like the update), so it stays bit-identical for every PRNG
+implementation (``rbg`` draws differ under ``vmap``); only the generation is vmapped.
+
+* Full rank: each member's ``θ + σ ε_i`` is materialised inside its chunk only; device memory is
+  ``O(params x (M + 1))``.
+* Low rank (EGGROLL, arXiv 2511.16652): the members share the base weights; each matrix the model
+  hook supports (embedding, layer matrices, LM head) gets its factors ``(a_i, b_i)`` through
+  ``forward(..., deltas=, delta_scale=σ/√r)``, i.e. ``x Wᵀ + (σ/√r)(x b_i) a_iᵀ``, so the ``x W``
+  matmul is one batched matmul for all members of a chunk. Every other leaf (norms, biases) gets
+  its noise (whatever ``noise.py`` draws for it) materialised, which is cheap.
+
+Only completions (to be scored by a host verifier) leave the devices; on several hosts every
+process scores the members on its own devices and only ``[N, P]`` rewards and ``[N]`` statistics
+are exchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, PartitionSpec
+
+from es_jax import noise as noise_lib
+from es_jax import sampling
+from es_jax import sharding as sharding_lib
+from es_jax.models.config import ModelConfig
+from es_jax.models.transformer import LAYER_MATRICES
+
+ScoreFn = Callable[[np.ndarray, np.ndarray], Any]
+
+
+class PopulationStats(NamedTuple):
+  """Per-member results of one population evaluation (host numpy arrays).
+
+  ``rewards``, ``mean_length`` and ``mean_entropy`` cover all ``N`` members on every host;
+  ``completions`` holds only the members whose devices belong to this process (all of them on one
+  host), listed in ``local_members``.
+  """
+
+  rewards: np.ndarray  # [N, P] float32: score_fn per member and prompt.
+  mean_length: np.ndarray  # [N] float32: mean generated tokens per prompt (EOS included).
+  mean_entropy: np.ndarray  # [N] float32: mean token entropy over generated tokens.
+  local_members: np.ndarray  # [n] int32: member index of each row of `completions`.
+  completions: sampling.Completions  # numpy, [n, P, T] (lengths [n, P]).
+
+
+def _is_hook_leaf(path: tuple[Any, ...]) -> bool:
+  """Whether the model's low-rank hook (``forward(deltas=...)``) handles this parameter."""
+  keys = tuple(getattr(k, "key", k) for k in path)
+  if keys in (("embed",), ("lm_head",)):
+    return True
+  return len(keys) == 2 and keys[0] == "layers" and keys[1] in LAYER_MATRICES
+
+
+def low_rank_member(
+  params: Any,
+  step_key: jax.Array,
+  i: int | jax.Array,
+  sigma: float | jax.Array,
+  *,
+  rank: int,
+  antithetic: bool = False,
+  low_rank_vectors: str = "full",
+) -> tuple[Any, dict[str, Any], jax.Array]:
+  """Member ``i`` of a low-rank population as ``(params_i, deltas_i, delta_scale)`` for the model.
+
+  ``forward(params_i, ..., deltas=deltas_i, delta_scale=delta_scale)`` computes the model at
+  ``θ + σ ε_i`` with ``ε_i = noise.member_noise(params, step_key, i, rank=rank, ...)``: hook
+  matrices keep the shared base weight and pass their ``LowRankNoise`` (``a @ b^T / sqrt(r)``,
+  antithetic sign folded into ``a``) with ``delta_scale = σ / sqrt(r)``; all other leaves are
+  returned perturbed.
+  """
+  nz = noise_lib.member_noise(
+    params, step_key, i, antithetic=antithetic, rank=rank, low_rank_vectors=low_rank_vectors
+  )
+  sigma = jnp.asarray(sigma, jnp.float32)
+  deltas: dict[str, Any] = {"layers": {}}
+
+  def leaf(path, p, e):
+    if _is_hook_leaf(path) and isinstance(e, noise_lib.LowRankNoise):
+      keys = tuple(getattr(k, "key", k) for k in path)
+      if keys[0] == "layers":
+        deltas["layers"][keys[1]] = e
+      else:
+        deltas[keys[0]] = e
+      return p
+    return noise_lib.apply_noise(p, e, sigma)
+
+  params_i = jax.tree_util.tree_map_with_path(leaf, params, nz)
+  return params_i, deltas, sigma / jnp.float32(math.sqrt(rank))
+
+
+@functools.partial(
+  jax.jit,
+  # Static: they decide shapes, the noise structure, the sharding and the compiled program.
+  static_argnames=tuple(
+    "config population_size members_per_chunk mesh antithetic rank low_rank_vectors precision "
+    "max_new_tokens eos_ids pad_id use_top_p share_sample_key".split()
+  ),
+)
+def population_completions(
+  params: Any,
+  prompt_ids: jax.Array,
+  prompt_mask: jax.Array,
+  step_key: jax.Array,
+  sample_key: jax.Array,
+  sigma: jax.Array,
+  temperature: jax.Array,
+  top_p: jax.Array,
+  *,
+  config: ModelConfig,
+  population_size: int,
+  members_per_chunk: int,
+  mesh: Mesh | None,
+  antithetic: bool,
+  rank: int | None,
+  low_rank_vectors: str,
+  precision: str,
+  max_new_tokens: int,
+  eos_ids: tuple[int, ...],
+  pad_id: int,
+  use_top_p: bool,
+  share_sample_key: bool,
+) -> sampling.Completions:
+  """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
+
+  See ``evaluate`` for the arguments; inputs are not validated here.
+  """
+  n_dev = 1 if mesh is None else mesh.shape["pop"]
+  n_local = population_size // n_dev
+  generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
+
+  def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p):
+    first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
+    members = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
+
+    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+    base = [x for _, x in paths_leaves]
+    # Leaves each member owns: all (full rank) or the non-hook ones (low rank; hook matrices
+    # stay shared and unbatched, so x @ W is one matmul for the whole chunk).
+    own = [rank is None or not _is_hook_leaf(path) for path, _ in paths_leaves]
+
+    def member_inputs(i):
+      if rank is None:
+        params_i = noise_lib.perturb_member(
+          params, step_key, i, sigma, antithetic=antithetic, precision=precision
+        )
+        deltas = None
+      else:
+        params_i, deltas, _ = low_rank_member(
+          params,
+          step_key,
+          i,
+          sigma,
+          rank=rank,
+          antithetic=antithetic,
+          low_rank_vectors=low_rank_vectors,
+        )
+      return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
+
+    def generate_member(i, owned, deltas):
+      owned = iter(owned)
+      params_i = treedef.unflatten(
+        [next(owned) if o else x for x, o in zip(base, own, strict=True)]
+      )
+      key_i = sample_key if share_sample_key else jax.random.fold_in(sample_key, i)
+      return sampling.generate(
+        params_i,
+        prompt_ids,
+        prompt_mask,
+        key=key_i,
+        **generate_kw,
+        temperature=temperature,
+        top_p=top_p if use_top_p else None,
+        deltas=deltas,
+        delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
+      )
+
+    def chunk(members):  # [M]
+      if members_per_chunk == 1:
+        # No vmap: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
+        i = members[0]
+        return jax.tree.map(lambda x: x[None], generate_member(i, *member_inputs(i)))
+      # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
+      # PRNG implementation; vmap is not for rbg), then one vmapped generation for the chunk.
+      owned, deltas = jax.lax.map(member_inputs, members)
+      return jax.vmap(generate_member)(members, owned, deltas)
+
+    # A scan over chunks: one chunk's perturbed weights live at a time.
+    out = jax.lax.map(chunk, members.reshape(-1, members_per_chunk))  # leaves [C, M, P, ...]
+    return jax.tree.map(lambda x: x.reshape(n_local, *x.shape[2:]), out)
+
+  args = (params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p)
+  if mesh is None:
+    return local(*args)
+  manual = {"pop"} if mesh.shape["model"] > 1 else set(mesh.axis_names)
+  return jax.shard_map(
+    local,
+    mesh=mesh,
+    in_specs=(PartitionSpec(),) * len(args),
+    out_specs=PartitionSpec("pop"),
+    axis_names=frozenset(manual),
+    check_vma=False,
+  )(*args)
+
+
+def evaluate(
+  params: Any,
+  prompt_ids: Any,
+  prompt_mask: Any,
+  *,
+  config: ModelConfig,
+  step_key: jax.Array,
+  sigma: float | jax.Array,
+  population_size: int,
+  score_fn: ScoreFn,
+  max_new_tokens: int,
+  mesh: Mesh | None = None,
+  members_per_chunk: int = 1,
+  antithetic: bool = False,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+  precision: str = "fp32",
+  temperature: float = 0.0,
+  top_p: float | None = None,
+  eos_ids: Sequence[int] = (),
+  pad_id: int = 0,
+  sample_key: jax.Array | None = None,
+  share_sample_key: bool = False,
+) -> tuple[np.ndarray, PopulationStats]:
+  """Fitness of the ES population ``θ + σ ε_i``, ``i < N``, on one batch of prompts.
+
+  ``R_i = (1/P) Σ_p score_fn(tokens_i, mask_i)[p]``; rewards are maximised, and ``R`` feeds
+  ``es_gradient(...).update(..., fitness=R, key=step_key)`` with the same ``step_key``,
+  ``population_size``, ``antithetic``, ``rank`` and ``low_rank_vectors`` (or
+  ``stats.rewards`` with ``shaping="per_prompt_zscore"``).
+
+  Args:
+    params: base parameters θ (``es_jax.models.params(model)``).
+    prompt_ids: ``[P, S]`` int, left-padded prompts (``sampling.pad_prompts``), the same for
+      every member.
+    prompt_mask: ``[P, S]`` bool, False on padding.
+    config: the model's config.
+    step_key: key of this ES step; member ``i``'s noise is ``noise.member_noise(params, step_key,
+      i, ...)``.
+    sigma: noise scale σ (traced: changing it does not recompile).
+    population_size: ``N``; divisible by the ``'pop'`` axis size times ``members_per_chunk``.
+    score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,
+      called once per member (decode with a tokenizer and score with a verifier there).
+    max_new_tokens: decode budget ``T``.
+    mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members; None runs
+      everything on the default device.
+    members_per_chunk: members vmapped together on a device (``M``); each device loops over its
+      ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
+    antithetic: members ``2j``, ``2j + 1`` use ``±ε_j``.
+    rank: None (full rank) or the EGGROLL rank ``r`` (low-rank hook, see module docstring).
+    low_rank_vectors: ``"full"`` or ``"frozen"`` noise for ``ndim < 2`` leaves in low rank.
+    precision: ``"fp32"`` or ``"bf16_faithful"`` (full rank only; see ``noise.apply_noise``).
+    temperature: 0 for greedy fitness (the paper's Easy setting).
+    top_p: nucleus mass, or None.
+    eos_ids: tokens that end a completion.
+    pad_id: filler after a completion ends.
+    sample_key: key for sampled decoding (required when temperature > 0); member ``i`` draws with
+      ``fold_in(sample_key, i)``, or all members with ``sample_key`` if ``share_sample_key``
+      (common random numbers).
+    share_sample_key: see ``sample_key``.
+
+  Returns:
+    ``(fitness [N] float32, PopulationStats)``. NaN rewards give NaN fitness, which
+    ``es_jax.fitness`` ranks worst.
+  """
+  for name, v in (("population_size", population_size), ("members_per_chunk", members_per_chunk)):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise ValueError(f"{name}={v!r} must be a positive Python int (it is static).")
+  if antithetic and population_size % 2:
+    raise ValueError(
+      f"population_size={population_size} is odd but antithetic=True pairs members (2j, 2j+1): "
+      "use an even population size."
+    )
+  n_dev = 1 if mesh is None else mesh.shape["pop"]
+  if population_size % (n_dev * members_per_chunk):
+    raise ValueError(
+      f"population_size={population_size} must be divisible by the mesh's 'pop' axis "
+      f"({n_dev} devices) x members_per_chunk={members_per_chunk} = "
+      f"{n_dev * members_per_chunk}: change one of them."
+    )
+  try:
+    sigma_value = float(sigma)
+  except (TypeError, jax.errors.ConcretizationTypeError):
+    sigma_value = None
+  if sigma_value is not None and not sigma_value > 0:
+    raise ValueError(f"sigma={sigma!r} must be > 0.")
+  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  if precision not in noise_lib.PRECISIONS:
+    raise ValueError(f"precision={precision!r} is invalid: use one of {noise_lib.PRECISIONS}.")
+  if rank is not None and precision != "fp32":
+    raise ValueError(
+      f"precision={precision!r} needs materialised weights; low-rank members (rank={rank}) go "
+      "through the model hook: use precision='fp32' or rank=None."
+    )
+  if float(temperature) > 0 and sample_key is None:
+    raise ValueError(f"temperature={temperature} samples tokens: pass sample_key=.")
+  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive int.")
+  prompt_ids = np.asarray(prompt_ids, np.int32)
+  prompt_mask = np.asarray(prompt_mask, bool)
+  if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+    raise ValueError(
+      f"prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be equal "
+      "[P, S] shapes."
+    )
+  num_prompts = prompt_ids.shape[0]
+  if mesh is not None:
+    params = sharding_lib.place_params(params, mesh)
+  use_top_p = top_p is not None and float(top_p) < 1.0
+  out = population_completions(
+    params,
+    prompt_ids,
+    prompt_mask,
+    step_key,
+    step_key if sample_key is None else sample_key,  # unused when greedy
+    jnp.asarray(sigma, jnp.float32),
+    jnp.asarray(temperature, jnp.float32),
+    jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
+    config=config,
+    population_size=population_size,
+    members_per_chunk=members_per_chunk,
+    mesh=mesh,
+    antithetic=antithetic,
+    rank=rank,
+    low_rank_vectors=low_rank_vectors,
+    precision=precision,
+    max_new_tokens=int(max_new_tokens),
+    eos_ids=tuple(int(e) for e in eos_ids),
+    pad_id=int(pad_id),
+    use_top_p=use_top_p,
+    share_sample_key=share_sample_key,
+  )
+  members = sharding_lib.local_rows(out.tokens)[0]
+  local = sampling.Completions(*(sharding_lib.local_rows(x)[1] for x in out))
+  rewards = np.zeros((len(members), num_prompts), np.float32)
+  for row, m in enumerate(members):
+    r = np.asarray(score_fn(local.tokens[row], local.mask[row]), np.float32)
+    if r.shape != (num_prompts,):
+      raise ValueError(
+        f"score_fn returned shape {r.shape} for member {m}, expected ({num_prompts},): one "
+        "reward per prompt."
+      )
+    rewards[row] = r
+  n_tokens = local.mask.sum(axis=(1, 2))
+  per_member = {
+    "members": members,
+    "rewards": rewards,
+    "mean_length": local.lengths.mean(axis=1).astype(np.float32),
+    "mean_entropy": (
+      (local.entropy * local.mask).sum(axis=(1, 2)) / np.maximum(n_tokens, 1)
+    ).astype(np.float32),
+  }
+  if jax.process_count() > 1:
+    # Every host contributes its members' rows; only [N, P] + [N] floats cross hosts.
+    gathered = multihost_utils.process_allgather(per_member)
+    per_member = {k: np.concatenate(list(v), axis=0) for k, v in gathered.items()}
+  full = {}
+  for name in ("rewards", "mean_length", "mean_entropy"):
+    values = per_member[name]
+    arr = np.full((population_size, *values.shape[1:]), np.nan, np.float32)
+    arr[per_member["members"]] = values
+    full[name] = arr
+  fitness = full["rewards"].mean(axis=1).astype(np.float32)
+  stats = PopulationStats(
+    rewards=full["rewards"],
+    mean_length=full["mean_length"],
+    mean_entropy=full["mean_entropy"],
+    local_members=members,
+    completions=local,
+  )
+  return fitness, stats

@@ -1,0 +1,231 @@
+"""Device mesh, multi-host start-up and shardings for ES and GRPO.
+
+One mesh with two axes serves every run:
+
+* ``'pop'``: population members (ES) or the prompt batch (GRPO, inference) are split over it;
+  nothing but a few floats per member crosses it during an ES evaluation.
+* ``'model'``: large parameter matrices are split over it when a model does not fit (or is slow)
+  on one chip; size 1 (everything replicated) is the default.
+
+Both axes are ``AxisType.Auto`` (jax 0.10's ``jax.make_mesh`` defaults to Explicit axes, under
+which indexing a sharded output raises ``ShardingTypeError``; see ENV-NOTES).
+
+On a multi-host TPU pod call ``initialize_distributed()`` first thing (before any other JAX
+call); the mesh then spans every chip of every host, ordered so that the ``'model'`` axis stays
+inside a host.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+AXES = ("pop", "model")
+
+# Environment variables that announce a multi-process launch. jax.distributed.initialize()
+# discovers the coordinator itself from them (TPU metadata, SLURM, Open MPI, or explicit).
+_COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+
+
+def make_mesh(
+  pop: int | None = None, model: int = 1, *, devices: Sequence[Any] | None = None
+) -> Mesh:
+  """A ``('pop', 'model')`` mesh with Auto axis types.
+
+  Args:
+    pop: size of the population/batch axis. Default: all devices not used by ``model``.
+    model: size of the parameter-sharding axis (1 = parameters replicated).
+    devices: devices to use (default ``jax.devices()``, every chip of every host). With fewer
+      devices in the mesh than given, the first ``pop * model`` are used (e.g. ``pop=1`` for a
+      single-device reference run).
+
+  Returns:
+    A ``jax.sharding.Mesh`` of shape ``(pop, model)``.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  if isinstance(model, bool) or not isinstance(model, int) or model < 1:
+    raise ValueError(f"make_mesh: model={model!r} must be a positive int.")
+  if len(devices) % model and pop is None:
+    raise ValueError(
+      f"make_mesh: model={model} does not divide the {len(devices)} devices: pass pop= "
+      "explicitly or choose a model axis size that divides the device count."
+    )
+  if pop is None:
+    pop = len(devices) // model
+  if isinstance(pop, bool) or not isinstance(pop, int) or pop < 1:
+    raise ValueError(f"make_mesh: pop={pop!r} must be a positive int.")
+  if pop * model > len(devices):
+    raise ValueError(
+      f"make_mesh: pop={pop} x model={model} = {pop * model} devices, but only "
+      f"{len(devices)} are available: shrink pop or model."
+    )
+  auto = jax.sharding.AxisType.Auto
+  return jax.make_mesh((pop, model), AXES, axis_types=(auto, auto), devices=devices[: pop * model])
+
+
+def initialize_distributed(**kwargs: Any) -> bool:
+  """Joins a multi-host run (``jax.distributed.initialize``); a no-op on one host.
+
+  Initialises when the environment announces several processes: a coordinator address
+  (``JAX_COORDINATOR_ADDRESS``), a multi-host TPU slice (``TPU_WORKER_HOSTNAMES`` with more than
+  one host, or ``MEGASCALE_COORDINATOR_ADDRESS``), or a SLURM / Open MPI launch with more than one
+  task. Call it before any other JAX call.
+
+  Args:
+    **kwargs: passed to ``jax.distributed.initialize`` (coordinator_address, num_processes, ...);
+      passing any forces initialisation.
+
+  Returns:
+    True if this call initialised the distributed runtime, False otherwise (single host, or
+    already initialised).
+  """
+  if jax.distributed.is_initialized():
+    return False
+  if not kwargs and not _multi_process_env(os.environ):
+    return False
+  jax.distributed.initialize(**kwargs)
+  return True
+
+
+def _multi_process_env(env: dict[str, str]) -> bool:
+  if any(env.get(v) for v in _COORDINATOR_VARS):
+    return True
+  if env.get("MEGASCALE_COORDINATOR_ADDRESS"):
+    return True
+  hosts = [h for h in env.get("TPU_WORKER_HOSTNAMES", "").split(",") if h.strip()]
+  if len(hosts) > 1:
+    return True
+  for var in ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+    try:
+      if int(env.get(var, "1")) > 1:
+        return True
+    except ValueError:
+      pass
+  return False
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Sharding that keeps a full copy on every device of ``mesh``."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def leaf_spec(shape: Sequence[int], model: int, *, min_size: int = 2**18) -> PartitionSpec:
+  """Partition spec of one parameter: replicated, or one matrix axis split over ``'model'``.
+
+  Matrices (``ndim >= 2``; the last two dims, so layer-stacked ``[L, m, n]`` weights keep ``L``
+  whole) with at least ``min_size`` entries are split over the larger of their two matrix dims
+  that ``model`` divides; everything else (norms, biases, small matrices) is replicated.
+  """
+  if model == 1 or len(shape) < 2 or int(np.prod(shape)) < min_size:
+    return PartitionSpec()
+  for axis in sorted((len(shape) - 2, len(shape) - 1), key=lambda a: -shape[a]):
+    if shape[axis] % model == 0:
+      spec = [None] * len(shape)
+      spec[axis] = "model"
+      return PartitionSpec(*spec)
+  return PartitionSpec()
+
+
+def param_shardings(params: Any, mesh: Mesh, *, min_size: int = 2**18) -> Any:
+  """``NamedSharding`` for every leaf of ``params`` (see ``leaf_spec``).
+
+  Replicated over ``'pop'`` always; large matrices split over ``'model'`` when that axis has
+  size > 1.
+
+  Args:
+    params: parameter pytree (arrays or ``jax.ShapeDtypeStruct``).
+    mesh: a mesh from ``make_mesh``.
+    min_size: matrices with fewer entries stay replicated (splitting them costs more in
+      communication than it saves).
+
+  Returns:
+    A pytree of ``NamedSharding`` with the structure of ``params``.
+  """
+  model = mesh.shape["model"]
+  return jax.tree.map(
+    lambda x: NamedSharding(mesh, leaf_spec(np.shape(x), model, min_size=min_size)), params
+  )
+
+
+def shard_params(params: Any, mesh: Mesh, *, min_size: int = 2**18) -> Any:
+  """``jax.device_put`` of ``params`` with ``param_shardings`` (replicated when model = 1)."""
+  return jax.device_put(params, param_shardings(params, mesh, min_size=min_size))
+
+
+def place_params(params: Any, mesh: Mesh) -> Any:
+  """Like ``shard_params``, but leaves already placed on ``mesh`` (any spec) are kept as they are.
+
+  Cheap to call every step: correctly placed parameters are not copied.
+  """
+  shardings = param_shardings(params, mesh)
+
+  def put(x, s):
+    if isinstance(x, jax.Array) and isinstance(x.sharding, NamedSharding):
+      if x.sharding.mesh == mesh:
+        return x
+    return jax.device_put(x, s)
+
+  return jax.tree.map(put, params, shardings)
+
+
+def population_spec(ndim: int) -> PartitionSpec:
+  """Spec splitting the leading (population or batch) axis over ``'pop'``, the rest whole."""
+  if ndim < 1:
+    raise ValueError("population_spec: a population/batch array needs at least one axis.")
+  return PartitionSpec("pop", *([None] * (ndim - 1)))
+
+
+def population_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  """``NamedSharding`` splitting the leading axis of an ``ndim``-array over ``'pop'``."""
+  return NamedSharding(mesh, population_spec(ndim))
+
+
+def check_divisible(size: int, mesh: Mesh, *, name: str) -> None:
+  """Raises ValueError unless the ``'pop'`` axis of ``mesh`` divides ``size``."""
+  pop = mesh.shape["pop"]
+  if size % pop:
+    raise ValueError(
+      f"{name}={size} is not divisible by the mesh's 'pop' axis ({pop} devices): use a "
+      f"multiple of {pop} or a mesh with a 'pop' axis that divides {size}."
+    )
+
+
+def shard_population(tree: Any, mesh: Mesh) -> Any:
+  """Places every array of ``tree`` with its leading axis split over ``'pop'``.
+
+  Works on one host with host (numpy) values. On several hosts every process must pass the
+  same global values (each keeps only its own slice).
+  """
+
+  def put(x):
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    check_divisible(x.shape[0], mesh, name="leading axis size")
+    sharding = population_sharding(mesh, x.ndim)
+    if isinstance(x, jax.Array):
+      return jax.device_put(x, sharding)
+    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+  return jax.tree.map(put, tree)
+
+
+def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
+  """The rows (axis 0) of an array split over ``'pop'`` that this process holds.
+
+  Returns:
+    ``(row indices [n] int32, values [n, ...])``; on one host, all rows in order.
+  """
+  if x.is_fully_addressable:
+    return np.arange(x.shape[0], dtype=np.int32), np.asarray(x)
+  pieces = {}
+  for shard in x.addressable_shards:  # replicas (e.g. over 'model') hold the same rows
+    start = shard.index[0].start or 0
+    if start not in pieces:
+      pieces[start] = np.asarray(shard.data)
+  starts = sorted(pieces)
+  rows = [np.arange(s, s + pieces[s].shape[0], dtype=np.int32) for s in starts]
+  return np.concatenate(rows), np.concatenate([pieces[s] for s in starts])

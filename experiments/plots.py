@@ -1,0 +1,140 @@
+"""PNG plots shared by the runners: Pass@k against k for several methods, a metric over steps.
+
+Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no global backend
+state), so plotting works headless and from threads. Each function writes one PNG and returns its
+path.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+Series = tuple[Sequence[float], Sequence[float]]
+
+
+def _checked(series: Mapping[str, Series], name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  if not series:
+    raise ValueError(
+      f"{name}: got no series to plot; pass {{label: (x, y)}} with one entry or more."
+    )
+  out = {}
+  for label, pair in series.items():
+    if len(pair) != 2:
+      raise ValueError(f"{name}: series {label!r} must be an (x, y) pair, got {len(pair)} items.")
+    x, y = (np.asarray(v, np.float64).reshape(-1) for v in pair)
+    if x.shape != y.shape or x.size == 0:
+      raise ValueError(
+        f"{name}: series {label!r} needs equal, non-empty x and y, got {x.size} x and {y.size} y."
+      )
+    out[str(label)] = (x, y)
+  return out
+
+
+def _save(fig: Figure, path: str | os.PathLike) -> str:
+  path = os.fspath(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  FigureCanvasAgg(fig)
+  fig.savefig(path, dpi=120, bbox_inches="tight")
+  return path
+
+
+def plot_pass_at_k(
+  curves: Mapping[str, Series],
+  path: str | os.PathLike,
+  *,
+  title: str | None = None,
+  percent: bool = True,
+) -> str:
+  """Pass@k against k, one line per method (or task), on a log2 k axis.
+
+  Args:
+    curves: label → (ks, pass@k values in [0, 1]), e.g. {"base": ..., "ES": ..., "GRPO": ...}.
+    path: the PNG to write (parent directories are created).
+    title: figure title.
+    percent: label the y axis in percent (values are still given as fractions).
+
+  Returns:
+    The path written.
+  """
+  curves = _checked(curves, "plot_pass_at_k")
+  all_k = np.unique(np.concatenate([k for k, _ in curves.values()]))
+  if np.any(all_k < 1):
+    raise ValueError(f"plot_pass_at_k: every k must be >= 1, got {all_k[all_k < 1].tolist()}.")
+  fig = Figure(figsize=(6.0, 4.0))
+  ax = fig.add_subplot()
+  scale = 100.0 if percent else 1.0
+  for label, (k, value) in curves.items():
+    ax.plot(k, value * scale, marker="o" if k.size <= 12 else None, markersize=3, label=label)
+  ax.set_xscale("log", base=2)
+  top = int(all_k.max())
+  ticks = sorted({2**e for e in range(int(math.log2(top)) + 1)} | {top})
+  ax.set_xticks(ticks)
+  ax.set_xticklabels([str(t) for t in ticks])
+  ax.set_xlabel("k")
+  ax.set_ylabel("Pass@k (%)" if percent else "Pass@k")
+  ax.set_ylim(0.0, 1.02 * scale)
+  ax.grid(True, alpha=0.3)
+  ax.legend(loc="lower right")
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+def plot_metric_over_steps(
+  series: Mapping[str, Series],
+  path: str | os.PathLike,
+  *,
+  ylabel: str,
+  xlabel: str = "step",
+  title: str | None = None,
+  smoothing: int = 1,
+) -> str:
+  """A metric over training steps (reward, entropy, drift...), one line per run.
+
+  Args:
+    series: label → (steps, values). NaN values leave gaps.
+    path: the PNG to write.
+    ylabel: the metric's name.
+    xlabel: the x axis' name.
+    title: figure title.
+    smoothing: window of a trailing moving average drawn over the raw values (1: none).
+
+  Returns:
+    The path written.
+  """
+  series = _checked(series, "plot_metric_over_steps")
+  if smoothing < 1:
+    raise ValueError(f"plot_metric_over_steps: smoothing must be >= 1, got {smoothing}.")
+  fig = Figure(figsize=(6.0, 4.0))
+  ax = fig.add_subplot()
+  for label, (step, value) in series.items():
+    if smoothing == 1:
+      ax.plot(step, value, label=label)
+      continue
+    (line,) = ax.plot(step, value, alpha=0.3)
+    ax.plot(step, moving_average(value, smoothing), color=line.get_color(), label=label)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+def moving_average(values: Sequence[float], window: int) -> np.ndarray:
+  """Trailing mean over the last `window` values (fewer at the start), ignoring NaNs."""
+  values = np.asarray(values, np.float64)
+  finite = np.isfinite(values)
+  sums = np.cumsum(np.where(finite, values, 0.0))
+  counts = np.cumsum(finite)
+  sums[window:] = sums[window:] - sums[:-window]
+  counts[window:] = counts[window:] - counts[:-window]
+  with np.errstate(invalid="ignore", divide="ignore"):
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)

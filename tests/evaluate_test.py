@@ -1,0 +1,256 @@
+"""Evaluation runner (experiments/evaluate.py) on a tiny random model and the tiny tokenizer."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from tiny_models import tiny_tokenizer
+
+from es_jax import data, models
+from es_jax.metrics import maj_at_k, pass_at_k
+from es_jax.sampling import encode_prompts, generate
+from experiments import eval_results, evaluate, plots
+
+N, BATCH, NEW_TOKENS = 4, 8, 8
+SETTINGS = dict(num_samples=N, batch_size=BATCH, max_new_tokens=NEW_TOKENS, temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+  model = models.Transformer(models.get_config("tiny-llama"), rngs=nnx.Rngs(0))
+  return model, tiny_tokenizer()
+
+
+def toy_examples(count=10):
+  return [
+    {"id": f"toy-{i}", "task": "toy", "prompt": f"Add {i} and 12.", "answer": "x"}
+    for i in range(count)
+  ]
+
+
+def toy_correct(text, example):
+  """About half the random completions count as correct, so the counts are not all 0 or n."""
+  return len(text.encode()) % 2 == 0
+
+
+def toy_answer(text):
+  return text[:1] or None
+
+
+def run_toy(model, tok, examples, out_dir=None, **kwargs):
+  options = dict(
+    SETTINGS,
+    key=jax.random.key(7),
+    task="toy",
+    ks=(1, 2, 4, 64),
+    progress=False,
+    correct_fn=toy_correct,
+    answer_fn=toy_answer,
+    save_text=True,
+  )
+  options.update(kwargs)
+  return evaluate.evaluate_model(model, None, tok, examples, out_dir=out_dir, **options)
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny, tmp_path_factory):
+  out_dir = str(tmp_path_factory.mktemp("full"))
+  return run_toy(*tiny, toy_examples(), out_dir), out_dir
+
+
+def test_writes_files_with_consistent_numbers(full_run):
+  results, out_dir = full_run
+  for name in ("toy.jsonl", "toy.meta.json", "table.md", "table.json", "pass_at_k.png"):
+    assert os.path.getsize(os.path.join(out_dir, name)) > 0, name
+  records = eval_results.read_records(os.path.join(out_dir, "toy.jsonl"))
+  assert [r["index"] for r in records] == list(range(10))
+  assert records == results["records"]
+  n = np.array([r["n"] for r in records])
+  c = np.array([r["c"] for r in records])
+  assert np.all(n == N) and 0 < c.sum() < N * len(records)  # a test that could fail
+  assert all(sum(r["correct"]) == r["c"] and len(r["answers"]) == N for r in records)
+  table = json.load(open(os.path.join(out_dir, "table.json")))
+  row = table["tasks"]["toy"]
+  assert {"greedy", "pass@1", "pass@2", "pass@4", "maj@4"} <= set(row) and "pass@64" not in row
+  for k in (1, 2, 4):
+    assert row[f"pass@{k}"] == pytest.approx(np.mean(pass_at_k(n, c, k)), abs=1e-12)
+    votes = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
+    assert row[f"maj@{k}"] == pytest.approx(np.mean(votes), abs=1e-12)
+  assert row["pass@1"] == pytest.approx(c.sum() / n.sum())
+  assert row["greedy"] == pytest.approx(np.mean([r["greedy_correct"] for r in records]))
+  assert row["pass_at_k_curve"]["value"][-1] == row["pass@4"]
+  assert table["macro"]["pass@1"] == row["pass@1"]
+  lengths = [len(t) for r in records for t in r["texts"]]
+  assert all(0 < r["mean_length"] <= NEW_TOKENS for r in records) and lengths
+  assert 0 < row["mean_entropy"] <= np.log(256) + 1e-4  # nats, below ln(vocab)
+  md = open(os.path.join(out_dir, "table.md")).read()
+  assert "| toy |" in md and "| macro average |" in md and f"{row['pass@1']:.3f}" in md
+
+
+def test_samples_differ_across_problems_and_samples(full_run):
+  texts = [t for r in full_run[0]["records"] for t in r["texts"]]
+  assert len(set(texts)) > len(texts) // 2  # fresh keys per sample, not one stream reused
+
+
+def test_greedy_sample_equals_direct_generate(tiny):
+  model, tok = tiny
+  examples = toy_examples(BATCH)  # one full block: the greedy batch is exactly these prompts
+  results = run_toy(model, tok, examples, num_samples=1)
+  ids, mask = encode_prompts(tok, [data.format_prompt(ex, tok) for ex in examples])
+  out = generate(
+    model,
+    ids,
+    mask,
+    key=jax.random.key(123),
+    max_new_tokens=NEW_TOKENS,
+    eos_ids=[tok.eos_token_id],
+    pad_id=tok.pad_token_id,
+  )
+  tokens, out_mask = np.asarray(out.tokens), np.asarray(out.mask)
+  for i, record in enumerate(results["records"]):
+    assert record["greedy_text"] == tok.decode(tokens[i][out_mask[i]], skip_special_tokens=True)
+    assert record["greedy_length"] == int(out.lengths[i])
+
+
+class Stop(Exception):
+  pass
+
+
+def test_interrupted_run_resumes_to_identical_results(tiny, full_run, tmp_path):
+  model, tok = tiny
+  seen = []
+
+  def crash_after_three(record):
+    seen.append(record["index"])
+    if len(seen) == 3:
+      raise Stop
+
+  with pytest.raises(Stop):
+    run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=crash_after_three)
+  assert len(eval_results.read_records(str(tmp_path / "toy.jsonl"))) == 3
+  resumed = []
+  results = run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=resumed.append)
+  assert [r["index"] for r in resumed] == list(range(3, 10))  # finished problems are skipped
+  assert results["records"] == full_run[0]["records"]
+  assert eval_results.read_records(str(tmp_path / "toy.jsonl")) == full_run[0]["records"]
+  table = (tmp_path / "table.json").read_text()
+  assert table == open(os.path.join(full_run[1], "table.json")).read()
+
+
+def test_torn_last_line_is_ignored_and_redone(tiny, full_run, tmp_path):
+  model, tok = tiny
+  lines = open(os.path.join(full_run[1], "toy.jsonl")).read().splitlines(keepends=True)
+  for name in ("toy.jsonl", "toy.meta.json"):
+    data_ = open(os.path.join(full_run[1], name)).read()
+    if name == "toy.jsonl":
+      data_ = "".join(lines[:6]) + lines[6][: len(lines[6]) // 2]  # killed mid-write
+    (tmp_path / name).write_text(data_)
+  assert [r["index"] for r in eval_results.read_records(str(tmp_path / "toy.jsonl"))] == list(
+    range(6)
+  )
+  redone = []
+  results = run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=redone.append)
+  assert [r["index"] for r in redone] == list(range(6, 10))
+  assert results["records"] == full_run[0]["records"]
+  assert open(tmp_path / "toy.jsonl").read() == "".join(lines)
+
+
+def test_bad_middle_line_and_changed_settings_are_refused(tiny, full_run, tmp_path):
+  model, tok = tiny
+  path = tmp_path / "x.jsonl"
+  path.write_text('{"index": 0}\nnot json\n{"index": 2}\n')
+  with pytest.raises(ValueError, match=r"x.jsonl:2"):
+    eval_results.read_records(str(path))
+  with pytest.raises(ValueError, match="temperature"):
+    run_toy(model, tok, toy_examples(), full_run[1], temperature=0.5)
+  with pytest.raises(ValueError, match="num_samples"):
+    run_toy(model, tok, toy_examples(), num_samples=0)
+
+
+def test_lazy_loader_is_not_called_when_everything_is_done(full_run):
+  def loader():
+    raise AssertionError("the model should not be loaded")
+
+  results = run_toy(loader, tiny_tokenizer(), toy_examples(), full_run[1], report=False)
+  assert results["records"] == full_run[0]["records"]
+
+
+def test_run_from_config_on_reasoning_gym(tiny, tmp_path):
+  model, tok = tiny
+  models.save_hf(model, tok, tmp_path / "model")
+  config = evaluate.default_config()
+  config.model.source, config.model.path = "hf", str(tmp_path / "model")
+  config.tasks[0]["limit"] = 3
+  config.tasks.append(dict(config.tasks[0], label="chain_sum_again", split="train"))
+  config.update(
+    num_samples=2, max_new_tokens=NEW_TOKENS, batch_size=BATCH, ks=(1, 2, 32), progress=False
+  )
+  results = evaluate.run(config, str(tmp_path / "work"))
+  out = tmp_path / "work" / "eval"
+  for name in (
+    "reasoning_gym_chain_sum.jsonl",
+    "chain_sum_again.jsonl",
+    "table.md",
+    "table.json",
+    "pass_at_k.png",
+  ):
+    assert (out / name).stat().st_size > 0, name
+  table = json.loads((out / "table.json").read_text())
+  assert set(table["tasks"]) == {"reasoning_gym/chain_sum", "chain_sum_again"}
+  for label, row in table["tasks"].items():
+    records = results["tasks"][label]["records"]
+    assert len(records) == 3 and all(len(r["answers"]) == 2 for r in records)
+    n, c = [r["n"] for r in records], [r["c"] for r in records]
+    assert row["pass@2"] == pytest.approx(np.mean(pass_at_k(np.array(n), np.array(c), 2)))
+  assert table["macro"]["pass@1"] == pytest.approx(
+    np.mean([row["pass@1"] for row in table["tasks"].values()])
+  )
+  config.model.source = "nope"
+  with pytest.raises(ValueError, match="config.model.source"):
+    evaluate.run(config, str(tmp_path / "work"))
+
+
+def test_orbax_source_restores_the_saved_params(tiny, tmp_path):
+  checkpoint = pytest.importorskip("es_jax.checkpoint")
+  if not hasattr(checkpoint, "Checkpointer"):
+    pytest.skip("es_jax.checkpoint has no Checkpointer yet")
+  model, tok = tiny
+  models.save_hf(model, tok, tmp_path / "base")
+  params = jax.tree.map(lambda x: x * 1.5, models.params(model))
+  saver = checkpoint.Checkpointer(tmp_path / "ckpt", async_save=False)
+  saver.save(3, state={"params": params, "opt": {"count": np.int32(3)}}, force=True)
+  saver.close()
+  restored, _ = evaluate.load_model(
+    {
+      "source": "orbax",
+      "path": str(tmp_path / "ckpt"),
+      "base_source": "hf",
+      "base_path": str(tmp_path / "base"),
+    }
+  )
+  for a, b in zip(jax.tree.leaves(models.params(restored)), jax.tree.leaves(params), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(FileNotFoundError, match="missing"):
+    evaluate.load_model({"source": "orbax", "path": str(tmp_path / "missing")})
+
+
+def test_plots_write_pngs_and_reject_bad_series(tmp_path):
+  curves = {
+    "base": ([1, 2, 4, 8], [0.2, 0.3, 0.4, 0.5]),
+    "ES": ([1, 2, 4, 8], [0.25, 0.4, 0.5, 0.6]),
+  }
+  assert os.path.getsize(plots.plot_pass_at_k(curves, tmp_path / "a.png")) > 1000
+  steps = np.arange(20)
+  series = {"ES": (steps, np.sin(steps)), "GRPO": (steps, np.where(steps % 5, steps, np.nan))}
+  path = plots.plot_metric_over_steps(
+    series, tmp_path / "b" / "c.png", ylabel="reward", smoothing=3
+  )
+  assert os.path.getsize(path) > 1000
+  np.testing.assert_allclose(plots.moving_average([1, 2, np.nan, 4], 2), [1, 1.5, 2, 4])
+  with pytest.raises(ValueError, match="no series"):
+    plots.plot_pass_at_k({}, tmp_path / "d.png")
+  with pytest.raises(ValueError, match="'x'"):
+    plots.plot_metric_over_steps({"x": ([1, 2], [1])}, tmp_path / "e.png", ylabel="y")
