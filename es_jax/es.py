@@ -42,15 +42,16 @@ def _validate_population(population_size: int, antithetic: bool) -> None:
 
 
 def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
-  """``Σ_j w_j a_j b_j^T / sqrt(r)`` without materialising any ``a_j b_j^T``.
+  """``Σ_j w_j a_j b_j^T / sqrt(r)`` for a matrix leaf, without materialising any ``a_j b_j^T``.
 
   The factors of all members are concatenated along the rank axis, weighted on the ``a`` side, and
-  contracted in one matmul of inner size ``M r`` (EGGROLL, arXiv 2511.16652, §2 of PAPER.md).
-  Memory ``O(M r (m + n))`` for the factors plus the ``m x n`` output.
+  contracted in one matmul of inner size ``M r`` (EGGROLL, arXiv 2511.16652, §2 of PAPER.md);
+  leading (layer) dims are batch dims. Memory ``O(M r (m + n))`` per matrix for the factors plus
+  the output.
   """
 
   def factors(j):
-    lr = noise_lib.leaf_noise(key_of(j), leaf_index, shape, rank=rank)
+    lr = noise_lib.leaf_noise(key_of(j), leaf_index, shape, rank=rank, is_matrix=True)
     return lr.a, lr.b
 
   # lax.map (a scan), not vmap: bit-identical to per-member calls for every PRNG implementation.
@@ -61,11 +62,12 @@ def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
 
 
 def _dense_direction(key_of, w_eff, leaf_index, shape, rank, low_rank_vectors):
-  """``Σ_j w_j ε_j`` for one leaf, regenerating one member's noise at a time (fp32 accumulator)."""
+  """``Σ_j w_j ε_j`` for one leaf with dense noise (any leaf in full rank, a vector leaf in low
+  rank), regenerating one member's noise at a time (fp32 accumulator)."""
 
   def body(j, acc):
     eps = noise_lib.leaf_noise(
-      key_of(j), leaf_index, shape, rank=rank, low_rank_vectors=low_rank_vectors
+      key_of(j), leaf_index, shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=False
     )
     return acc + w_eff[j] * eps
 
@@ -88,7 +90,8 @@ def es_update_direction(
   evaluated with), regenerated leaf by leaf and member by member: memory is ``O(largest leaf)``
   for full rank, never ``O(N x params)``. With ``antithetic=True`` a pair shares its noise, so
   ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j`` and only ``N/2`` draws are made. Low-rank
-  matrices are formed as one matmul of the concatenated, weighted factors.
+  matrices (``noise.is_matrix_leaf`` of the leaf's path, as for evaluation) are formed as one
+  matmul of the concatenated, weighted factors.
 
   Args:
     params: parameter pytree (only shapes are used).
@@ -97,7 +100,8 @@ def es_update_direction(
     population_size: ``N`` (static).
     antithetic: members ``2j``, ``2j + 1`` share noise with opposite signs.
     rank: None (full rank) or the EGGROLL rank ``r``.
-    low_rank_vectors: ``"full"`` or ``"frozen"`` for ``ndim < 2`` leaves in low rank.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
+      false) in low rank.
 
   Returns:
     The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
@@ -118,12 +122,13 @@ def es_update_direction(
   def key_of(j):
     return noise_lib.member_key(step_key, j)
 
-  leaves, treedef = jax.tree_util.tree_flatten(params)
+  # The leaf order and the matrix/vector rule of noise.sample_noise: the evaluation noise.
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   inv_n = jnp.float32(1.0 / population_size)
   out = []
-  for l, p in enumerate(leaves):
+  for l, (path, p) in enumerate(paths_leaves):
     shape = tuple(jnp.shape(p))
-    if rank is not None and len(shape) >= 2:
+    if rank is not None and noise_lib.is_matrix_leaf(path, shape):
       d = _matrix_direction(key_of, w_eff, l, shape, rank)
     elif rank is not None and low_rank_vectors == "frozen":
       d = jnp.zeros(shape, jnp.float32)
@@ -205,7 +210,8 @@ def es_gradient(
       ``[N, P]``), or a callable ``fitness -> [N] weights``.
     antithetic: members ``2j``, ``2j + 1`` use ``+ε_j`` and ``-ε_j`` (N must be even).
     rank: None (full rank) or the EGGROLL rank ``r``.
-    low_rank_vectors: ``"full"`` or ``"frozen"`` for ``ndim < 2`` leaves in low rank.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
+      false) in low rank.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.

@@ -17,13 +17,22 @@ of the leaves after it.
 Per leaf of shape ``s`` (float32 always, whatever the parameter dtype):
 
 * full rank: ``eps = jax.random.normal(key_il, s)``, iid N(0, 1).
-* low rank ``r`` (EGGROLL, arXiv 2511.16652), leaves with ``ndim >= 2``: the last two dims are
-  the matrix ``(m, n)`` and leading dims index independent matrices (a layer-stacked
-  ``[L, m, n]`` weight gets independent factors per layer).
+* low rank ``r`` (EGGROLL, arXiv 2511.16652), matrix leaves (``is_matrix_leaf`` below): the last
+  two dims are the matrix ``(m, n)`` and leading dims index independent matrices (a
+  layer-stacked ``[L, m, n]`` weight gets independent factors per layer).
   ``key_a, key_b = jax.random.split(key_il)``, ``a = normal(key_a, [..., m, r])``,
   ``b = normal(key_b, [..., n, r])``, and the represented noise is ``E = a @ b^T / sqrt(r)``
-  (every entry has variance 1). Leaves with ``ndim < 2`` get full-rank noise
-  (``low_rank_vectors="full"``) or zeros (``"frozen"``).
+  (every entry has variance 1). Vector leaves get full-rank noise (``low_rank_vectors="full"``,
+  the same draw as full rank) or zeros (``"frozen"``).
+
+Matrix or vector (``is_matrix_leaf(path, shape)``), decided from the leaf's path in the pytree:
+a leaf under a top-level key in ``STACKED_PREFIXES`` (``"layers"``: the transformer's per-layer
+tensors, stacked on a leading ``L`` axis) has one stack axis, so it is a matrix iff
+``ndim >= 3`` (``layers/wq [L, m, n]``), and ``layers/attn_norm [L, D]`` or a bias
+``layers/bq [L, n]`` is a stack of vectors. Any other leaf is a matrix iff ``ndim >= 2``
+(``embed [V, D]``, ``lm_head [D, V]``, or ``w [m, n]`` of a generic pytree; ``final_norm [D]``
+is a vector). Every consumer (sampling, perturbation, the update in ``es_jax.es``, the model hook
+in ``es_jax.population``) uses this one rule, so evaluation and update noise agree.
 
 Antithetic sampling (``antithetic=True``): member ``i`` uses the noise of pair ``j = i // 2``, drawn
 from ``member_key(step_key, j)``, with sign ``+1`` for even ``i`` and ``-1`` for odd ``i``.
@@ -33,6 +42,7 @@ members for the default threefry PRNG; other PRNG implementations (``rbg``) may 
 """
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -40,6 +50,8 @@ import jax.numpy as jnp
 
 PRECISIONS = ("fp32", "bf16_faithful")
 LOW_RANK_VECTORS = ("full", "frozen")
+# Top-level keys whose leaves carry one leading stack axis (the transformer's stacked layers).
+STACKED_PREFIXES = ("layers",)
 
 
 class LowRankNoise(NamedTuple):
@@ -55,6 +67,31 @@ class LowRankNoise(NamedTuple):
 
 def _is_low_rank(x: Any) -> bool:
   return isinstance(x, LowRankNoise)
+
+
+def _key_name(k: Any) -> Any:
+  """The name of one path entry: a ``DictKey``'s key, a ``GetAttrKey``'s name, a ``SequenceKey``'s
+  index, or the entry itself (plain strings and ints)."""
+  for attr in ("key", "name", "idx"):
+    if hasattr(k, attr):
+      return getattr(k, attr)
+  return k
+
+
+def is_matrix_leaf(path: Sequence[Any], shape: Sequence[int]) -> bool:
+  """Whether a leaf gets low-rank (matrix) noise; the one rule every consumer shares.
+
+  Args:
+    path: the leaf's path, as from ``jax.tree_util.tree_flatten_with_path`` (``DictKey``,
+      ``GetAttrKey``, ... entries) or plain keys such as ``("layers", "wq")``; ``()`` for none.
+    shape: the leaf's shape.
+
+  Returns:
+    For a leaf under a top-level key in ``STACKED_PREFIXES`` (one leading layer axis):
+    ``ndim >= 3``. For any other leaf: ``ndim >= 2``.
+  """
+  stacked = len(path) > 0 and _key_name(path[0]) in STACKED_PREFIXES
+  return len(shape) >= (3 if stacked else 2)
 
 
 def validate_noise_options(*, rank: int | None, low_rank_vectors: str) -> None:
@@ -109,6 +146,7 @@ def leaf_noise(
   *,
   rank: int | None = None,
   low_rank_vectors: str = "full",
+  is_matrix: bool | None = None,
 ) -> jax.Array | LowRankNoise:
   """Noise of one leaf from a member key; the single primitive behind every noise in es_jax.
 
@@ -117,7 +155,10 @@ def leaf_noise(
     leaf_index: position of the leaf in the stable leaf order (module docstring).
     shape: the leaf's shape.
     rank: None for full-rank noise, or the EGGROLL rank ``r``.
-    low_rank_vectors: ``"full"`` or ``"frozen"`` (zeros) for leaves with ``ndim < 2`` in low rank.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` (zeros) for vector leaves in low rank.
+    is_matrix: whether the leaf is a matrix, ``is_matrix_leaf(path, shape)`` of its path. None
+      means a leaf without a stack axis (``is_matrix_leaf((), shape)``, i.e. ``ndim >= 2``), which
+      is wrong for the stacked vectors under ``STACKED_PREFIXES``: pass the decision there.
 
   Returns:
     A float32 array of ``shape``, or ``LowRankNoise`` for matrix leaves in low rank.
@@ -126,7 +167,11 @@ def leaf_noise(
   shape = tuple(shape)
   if rank is None:
     return _normal(key_leaf, shape)
-  if len(shape) < 2:
+  if is_matrix is None:
+    is_matrix = is_matrix_leaf((), shape)
+  if is_matrix and len(shape) < 2:
+    raise ValueError(f"is_matrix=True for a leaf of shape {shape}: a matrix needs ndim >= 2.")
+  if not is_matrix:
     if low_rank_vectors == "frozen":
       return jnp.zeros(shape, jnp.float32)
     return _normal(key_leaf, shape)
@@ -147,17 +192,27 @@ def sample_noise(
     key: the member key, ``member_key(step_key, i)``.
     rank: None for full rank (a pytree like ``params`` of float32 N(0, 1)), or the EGGROLL rank:
       matrix leaves become ``LowRankNoise(a, b)`` representing ``a @ b^T / sqrt(rank)``.
-    low_rank_vectors: in low rank, ``"full"`` noise or ``"frozen"`` (zeros) for ``ndim < 2`` leaves.
+    low_rank_vectors: in low rank, ``"full"`` noise or ``"frozen"`` (zeros) for vector leaves
+      (``is_matrix_leaf`` false).
 
   Returns:
     A pytree with the structure of ``params`` whose leaves are arrays or ``LowRankNoise``.
   """
   validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  leaves, treedef = jax.tree_util.tree_flatten(params)
-  noise = [
-    leaf_noise(key, l, jnp.shape(x), rank=rank, low_rank_vectors=low_rank_vectors)
-    for l, x in enumerate(leaves)
-  ]
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  noise = []
+  for l, (path, x) in enumerate(paths_leaves):
+    shape = jnp.shape(x)
+    noise.append(
+      leaf_noise(
+        key,
+        l,
+        shape,
+        rank=rank,
+        low_rank_vectors=low_rank_vectors,
+        is_matrix=is_matrix_leaf(path, shape),
+      )
+    )
   return treedef.unflatten(noise)
 
 

@@ -64,8 +64,15 @@ class PopulationStats(NamedTuple):
   completions: sampling.Completions  # numpy, [n, P, T] (lengths [n, P]).
 
 
-def _is_hook_leaf(path: tuple[Any, ...]) -> bool:
-  """Whether the model's low-rank hook (``forward(deltas=...)``) handles this parameter."""
+def _is_hook_leaf(path: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
+  """Whether the model's low-rank hook (``forward(deltas=...)``) handles this parameter.
+
+  Hook leaves are the matrices (``noise.is_matrix_leaf``, the rule the noise is drawn with) that
+  the hook knows: ``embed``, ``lm_head`` and ``layers/{LAYER_MATRICES}``. Vectors (norms, biases,
+  stacked or not) are never hook leaves: their noise is added to the weights.
+  """
+  if not noise_lib.is_matrix_leaf(path, shape):
+    return False
   keys = tuple(getattr(k, "key", k) for k in path)
   if keys in (("embed",), ("lm_head",)):
     return True
@@ -97,7 +104,8 @@ def low_rank_member(
   deltas: dict[str, Any] = {"layers": {}}
 
   def leaf(path, p, e):
-    if _is_hook_leaf(path) and isinstance(e, noise_lib.LowRankNoise):
+    if _is_hook_leaf(path, jnp.shape(p)):
+      assert isinstance(e, noise_lib.LowRankNoise), (path, type(e))  # same rule as the noise
       keys = tuple(getattr(k, "key", k) for k in path)
       if keys[0] == "layers":
         deltas["layers"][keys[1]] = e
@@ -158,7 +166,7 @@ def population_completions(
     base = [x for _, x in paths_leaves]
     # Leaves each member owns: all (full rank) or the non-hook ones (low rank; hook matrices
     # stay shared and unbatched, so x @ W is one matmul for the whole chunk).
-    own = [rank is None or not _is_hook_leaf(path) for path, _ in paths_leaves]
+    own = [rank is None or not _is_hook_leaf(path, jnp.shape(x)) for path, x in paths_leaves]
 
     def member_inputs(i):
       if rank is None:
@@ -274,7 +282,8 @@ def evaluate(
       ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
     antithetic: members ``2j``, ``2j + 1`` use ``±ε_j``.
     rank: None (full rank) or the EGGROLL rank ``r`` (low-rank hook, see module docstring).
-    low_rank_vectors: ``"full"`` or ``"frozen"`` noise for ``ndim < 2`` leaves in low rank.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` noise for vector leaves in low rank (norms and
+      biases, stacked ones included: ``noise.is_matrix_leaf``).
     precision: ``"fp32"`` or ``"bf16_faithful"`` (full rank only; see ``noise.apply_noise``).
     temperature: 0 for greedy fitness (the paper's Easy setting).
     top_p: nucleus mass, or None.

@@ -77,6 +77,46 @@ def test_update_regenerates_the_evaluation_noise(key, kw):
         np.testing.assert_allclose(g, u, rtol=0, atol=1e-6)
 
 
+def _model_params():
+  """tiny-qwen2 shapes (L = 2, qkv biases, tied head), random values (only shapes matter)."""
+  from es_jax.models import get_config, param_shapes
+
+  leaves, treedef = jax.tree.flatten(
+    param_shapes(get_config("tiny-qwen2")), is_leaf=lambda x: isinstance(x, tuple)
+  )
+  return treedef.unflatten([jnp.full(shape, 0.5, jnp.float32) for shape in leaves])
+
+
+STACKED_VECTORS = ("attn_norm", "mlp_norm", "bq", "bk", "bv")
+
+
+@pytest.mark.parametrize("low_rank_vectors", ["full", "frozen"])
+def test_low_rank_update_on_model_params_with_stacked_vectors(key, low_rank_vectors):
+  # The update regenerates each leaf with the same path-aware matrix/vector rule as
+  # member_noise: layer-stacked norms and biases [L, n] are vectors, [L, m, n] are matrices.
+  params = _model_params()
+  kw = dict(antithetic=True, rank=2, low_rank_vectors=low_rank_vectors)
+  weights = jax.random.normal(jax.random.key(3), (N,))
+  got = _direction(params, weights, key, population_size=N, **kw)
+  want = _explicit(params, weights, key, **kw)
+  for (path, g), w in zip(
+    jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want), strict=True
+  ):
+    assert g.dtype == jnp.float32 and g.shape == w.shape, path
+    scale = max(float(np.max(np.abs(w))), 1e-30)
+    np.testing.assert_allclose(-g, w, rtol=1e-6, atol=1e-6 * scale, err_msg=str(path))
+  dense = _direction(params, weights, key, population_size=N, antithetic=True, rank=None)
+  for name in STACKED_VECTORS:
+    if low_rank_vectors == "frozen":
+      assert np.all(np.asarray(got["layers"][name]) == 0), name
+    else:
+      # Vector leaves draw the full-rank noise in low rank too: the same direction.
+      np.testing.assert_array_equal(got["layers"][name], dense["layers"][name], err_msg=name)
+  assert np.all(np.asarray(got["final_norm"]) == 0) == (low_rank_vectors == "frozen")
+  # The matrices are low rank: each layer's direction has rank <= (N / 2) * r = 8 < 64.
+  assert np.linalg.matrix_rank(np.asarray(got["layers"]["wq"][0], np.float64), tol=1e-5) <= 8
+
+
 def test_memory_is_not_population_times_params(key):
   # No array in the lowered update holds N copies of a leaf: noise is regenerated per member.
   params = {"big": jnp.zeros((4096,))}

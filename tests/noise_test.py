@@ -205,3 +205,99 @@ def test_perturb_member_on_nnx_state(key):
 def test_bad_options_raise(key, kwargs, match):
   with pytest.raises(ValueError, match=match):
     noise.perturb(_params(), key, 0.1, **kwargs)
+
+
+def _model_params(name="tiny-qwen2"):
+  """Zeros shaped like a real model's params (only shapes matter for the noise)."""
+  from es_jax.models import get_config, param_shapes
+
+  def build(tree):
+    return {
+      k: build(v) if isinstance(v, dict) else jnp.zeros(v, jnp.float32) for k, v in tree.items()
+    }
+
+  return build(param_shapes(get_config(name)))
+
+
+STACKED_VECTORS = ("attn_norm", "mlp_norm", "bq", "bk", "bv")
+STACKED_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def test_is_matrix_leaf_is_path_aware():
+  from jax.tree_util import DictKey, GetAttrKey
+
+  # Stacked layers: one leading L axis, so [L, D] is a stack of vectors and [L, m, n] matrices.
+  assert not noise.is_matrix_leaf(("layers", "attn_norm"), (2, 64))
+  assert not noise.is_matrix_leaf((DictKey("layers"), DictKey("bq")), (2, 64))
+  assert noise.is_matrix_leaf((DictKey("layers"), DictKey("wq")), (2, 64, 64))
+  # nnx.State paths end in GetAttrKey('value'); only the top-level key matters.
+  assert not noise.is_matrix_leaf((DictKey("layers"), DictKey("bk"), GetAttrKey("value")), (2, 8))
+  # Top-level leaves and generic pytrees: a matrix iff ndim >= 2.
+  assert noise.is_matrix_leaf((DictKey("embed"),), (256, 64))
+  assert noise.is_matrix_leaf(("lm_head",), (64, 256))
+  assert not noise.is_matrix_leaf(("final_norm",), (64,))
+  assert noise.is_matrix_leaf(("w",), (32, 16)) and noise.is_matrix_leaf((), (4, 32, 16))
+  assert not noise.is_matrix_leaf((), (2048,))
+  # leaf_noise without a decision keeps the path-less rule; an explicit one overrides it.
+  assert isinstance(noise.leaf_noise(jax.random.key(0), 0, (2, 8), rank=2), noise.LowRankNoise)
+  vec = noise.leaf_noise(jax.random.key(0), 0, (2, 8), rank=2, is_matrix=False)
+  np.testing.assert_array_equal(vec, noise.leaf_noise(jax.random.key(0), 0, (2, 8)))
+  with pytest.raises(ValueError, match="is_matrix=True"):
+    noise.leaf_noise(jax.random.key(0), 0, (8,), rank=2, is_matrix=True)
+
+
+def test_low_rank_on_model_params_stacked_vectors_are_vectors(key):
+  # tiny-qwen2: L = 2, D = 64, q = 64, kv = 32, F = 128, V = 256, qkv biases, tied head.
+  params = _model_params()
+  num = 16
+  full = [noise.member_noise(params, key, i) for i in range(num)]
+  low = [noise.member_noise(params, key, i, rank=RANK) for i in range(num)]
+  frozen = noise.member_noise(params, key, 0, rank=RANK, low_rank_vectors="frozen")
+  for name in STACKED_MATRICES:
+    shape = params["layers"][name].shape
+    for eps in (low[0], frozen):
+      e = eps["layers"][name]
+      assert isinstance(e, noise.LowRankNoise), name
+      assert e.a.shape == (shape[0], shape[1], RANK) and e.b.shape == (shape[0], shape[2], RANK)
+  assert isinstance(low[0]["embed"], noise.LowRankNoise)
+  assert low[0]["embed"].a.shape == (256, RANK) and low[0]["embed"].b.shape == (64, RANK)
+  np.testing.assert_array_equal(low[0]["final_norm"], full[0]["final_norm"])
+  np.testing.assert_array_equal(frozen["final_norm"], np.zeros(64))
+
+  corr2 = []
+  for name in STACKED_VECTORS:
+    shape = params["layers"][name].shape
+    n = shape[1]
+    assert not isinstance(low[0]["layers"][name], noise.LowRankNoise), name
+    np.testing.assert_array_equal(frozen["layers"][name], np.zeros(shape))
+    x = np.stack([np.asarray(eps["layers"][name], np.float64) for eps in low])  # [num, L, n]
+    assert x.shape == (num, *shape), name
+    # In low rank with "full" vectors the draw is the full-rank one, entry for entry.
+    for i in (0, 7):
+      np.testing.assert_array_equal(low[i]["layers"][name], full[i]["layers"][name])
+    # iid N(0, 1): mean and std of num * L * n values within 5 sd.
+    assert abs(x.mean()) < 5 / np.sqrt(x.size), name
+    assert abs(x.std() - 1.0) < 5 / np.sqrt(2 * x.size), name
+    # Layers uncorrelated: n * corr^2 of the two layers' rows is ~ chi2(1) per member. Low-rank
+    # noise a b^T / sqrt(r) across layers would give corr^2 ~ 1/r, i.e. n * corr^2 ~ n / r >= 8.
+    for i in range(num):
+      corr2.append(n * np.corrcoef(x[i, 0], x[i, 1])[0, 1] ** 2)
+  # Mean of 80 chi2(1) values: 1 +- 0.16 (sd); 2 is over 6 sd away.
+  assert np.mean(corr2) < 2.0, np.mean(corr2)
+
+
+def test_perturb_model_params_low_rank_vectors(key):
+  params = _model_params()
+  sigma = 0.5
+  for lrv in ("full", "frozen"):
+    got = noise.perturb_member(params, key, 3, sigma, rank=RANK, low_rank_vectors=lrv)
+    dense = noise.materialize(noise.member_noise(params, key, 3, rank=RANK, low_rank_vectors=lrv))
+    for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(dense), strict=True):
+      np.testing.assert_allclose(g, sigma * e, rtol=0, atol=1e-6)
+    bq = np.asarray(got["layers"]["bq"])
+    if lrv == "frozen":
+      np.testing.assert_array_equal(bq, np.zeros_like(bq))
+    else:
+      # Full-rank: the [L, n] bias is not a rank-r product (here its rows are independent).
+      full = noise.perturb_member(params, key, 3, sigma)
+      np.testing.assert_array_equal(bq, full["layers"]["bq"])

@@ -160,6 +160,43 @@ def test_low_rank_hook_matches_materialised_noise_under_model_sharding(key):
   assert not np.array_equal(stats.completions.tokens[2], stats.completions.tokens[3])
 
 
+@pytest.mark.parametrize("low_rank_vectors", ["full", "frozen"])
+def test_low_rank_member_hook_forward_equals_materialised(key, low_rank_vectors):
+  """low_rank_member on a model with qkv biases: only true matrices go through the hook; the
+  layer-stacked vectors [L, n] (norms, biases) and final_norm get noise.py's vector noise added,
+  and the hooked forward equals the forward at the materialised θ + σ ε_i."""
+  from es_jax.models import forward, positions_from_mask
+
+  params = _params()
+  kw = dict(rank=2, antithetic=True, low_rank_vectors=low_rank_vectors)
+  i, sigma = 3, 0.3  # a large σ, so a wrong perturbation cannot hide in the tolerance
+  params_i, deltas, scale = population.low_rank_member(params, key, i, sigma, **kw)
+  assert set(deltas) == {"layers", "embed"}  # tied head: the embedding's hook covers both
+  assert set(deltas["layers"]) == {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+  np.testing.assert_allclose(scale, sigma / np.sqrt(2), rtol=1e-6)
+
+  dense = noise.materialize(noise.member_noise(params, key, i, **kw))
+  ref = noise.perturb_member(params, key, i, sigma, **kw)
+  for name in ("attn_norm", "mlp_norm", "bq", "bk", "bv"):
+    e = dense["layers"][name]
+    np.testing.assert_array_equal(params_i["layers"][name], ref["layers"][name], err_msg=name)
+    if low_rank_vectors == "frozen":
+      np.testing.assert_array_equal(params_i["layers"][name], params["layers"][name])
+    else:  # full-rank vector noise, the same draw as a full-rank population
+      full = noise.member_noise(params, key, i, antithetic=True)["layers"][name]
+      np.testing.assert_array_equal(e, full, err_msg=name)
+  for name in deltas["layers"]:
+    np.testing.assert_array_equal(params_i["layers"][name], params["layers"][name])
+
+  ids, mask = _prompts()
+  pos = positions_from_mask(jnp.asarray(mask))
+  got, _ = forward(params_i, ids, pos, config=CONFIG, mask=mask, deltas=deltas, delta_scale=scale)
+  want, _ = forward(ref, ids, pos, config=CONFIG, mask=mask)
+  base, _ = forward(params, ids, pos, config=CONFIG, mask=mask)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  assert np.max(np.abs(np.asarray(want) - np.asarray(base))) > 0.1
+
+
 def test_es_loop_improves_reward_without_retracing():
   """evaluate + optax.chain(es_gradient, sgd): greedy reward of θ rises well above its start."""
   params = _params()
