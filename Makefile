@@ -2,6 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+DEMO_DIR ?= runs/demo
 
 .PHONY: install demo test lint bench clean
 
@@ -17,7 +18,7 @@ $(BIN)/.installed: pyproject.toml Makefile
 install: $(BIN)/.installed
 
 demo: install
-	$(BIN)/python -m experiments.demo
+	$(BIN)/python -m experiments.main --config experiments/configs/demo.py --workdir $(DEMO_DIR)
 
 test: install
 	$(BIN)/python -m pytest -q

@@ -1,60 +1,166 @@
-"""The README's main job on the embedded default model (SmolLM2-135M-Instruct, offline).
+"""The README's main job: base model vs ES vs GRPO vs GRPO→ES vs ES→GRPO on the embedded default.
 
-    make demo        # or: python -m experiments.demo [--num_prompts 8] [--max_new_tokens 64]
+    make demo
+    # = python -m experiments.main --config experiments/configs/demo.py --workdir runs/demo
 
-Loads the bundled GGUF, asks it a few offline reasoning-gym problems (chain_sum: sums of two
-one-digit numbers), prints each answer with its reward, and the decode throughput.
+Evaluates the base model, runs each method of `config.demo.runs` with the budget the config gives
+(ES and GRPO `num_steps`, the sequential `total_steps`), evaluates each final model the same way
+(greedy, Pass@1..Pass@n on held-out problems) and writes into the workdir:
+
+  base/, es/, grpo/, grpo_es/, es_grpo/   each a full run directory (checkpoints, metrics, eval, hf)
+  report.md                               the table below, the settings and the plots
+  pass_at_k.png, entropy.png, reward.png  Pass@k vs k per method; rollout entropy and training
+                                          reward over steps
+
+Rerunning resumes: finished runs are skipped, an interrupted one continues from its checkpoint.
 """
 
 from __future__ import annotations
 
-import argparse
+import json
+import os
 import time
+from typing import Any
 
-import jax
-import numpy as np
+import ml_collections
 
-from es_jax import data, rewards
-from es_jax.models import load_default
-from es_jax.sampling import encode_prompts, generate
+from experiments import es, grpo, plots, sequential, train_lib
+from experiments.logger import read_metrics
 
-TASK = "reasoning_gym/chain_sum"
-TASK_CONFIG = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
+RUNS = {  # name -> (method, runner, sequential order)
+  "es": ("es", es.run, None),
+  "grpo": ("grpo", grpo.run, None),
+  "grpo_es": ("sequential", sequential.run, "grpo_es"),
+  "es_grpo": ("sequential", sequential.run, "es_grpo"),
+}
+LABELS = {"base": "base", "es": "ES", "grpo": "GRPO", "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--num_prompts", type=int, default=8)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  args = parser.parse_args(argv)
+def _sub_config(config: ml_collections.ConfigDict, method: str, order: str | None):
+  sub = ml_collections.ConfigDict(config.to_dict())
+  sub.method = method
+  if order is not None:
+    sub.sequential.order = order
+  sub.lock()
+  return sub
 
+
+def _table(workdir: str) -> dict[str, Any] | None:
+  path = os.path.join(workdir, "eval", "table.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)["macro"]
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
+  for n in names:
+    train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
+  seconds: dict[str, float] = {}
+  base_dir = os.path.join(workdir, "base")
   t0 = time.perf_counter()
-  model, tok = load_default()
-  print(f"loaded SmolLM2-135M-Instruct ({model.config.num_params() / 1e6:.1f}M params) "
-        f"in {time.perf_counter() - t0:.1f}s on {jax.devices()[0].platform}")
-  examples = data.load_task(TASK, "test", limit=args.num_prompts, task_config=TASK_CONFIG)
-  texts = [data.format_prompt(ex, tok) for ex in examples]
-  ids, mask = encode_prompts(tok, texts)
-  reward = rewards.get_reward(TASK)
-  kw = dict(key=jax.random.key(0), max_new_tokens=args.max_new_tokens,
-            eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id)
-  for label in ("compile + run", "run"):
+  if _table(base_dir) is None:
+    train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
+  seconds["base"] = time.perf_counter() - t0
+  for name in names:
+    method, runner, order = RUNS[name]
+    sub_dir = os.path.join(workdir, name)
     t0 = time.perf_counter()
-    out = generate(model, ids, mask, **kw)
-    jax.block_until_ready(out.tokens)
-    seconds = time.perf_counter() - t0
-    new_tokens = int(out.lengths.sum())
-    print(f"{label}: {new_tokens} new tokens in {seconds:.2f}s "
-          f"= {new_tokens / seconds:.1f} tokens/s (batch {ids.shape[0]}, greedy)")
-  scores = []
-  for i, ex in enumerate(examples):
-    row = np.asarray(out.tokens[i])[np.asarray(out.mask[i])]
-    answer = tok.decode(row, skip_special_tokens=True)
-    scores.append(reward(answer, ex))
-    print(f"\n[{i}] {ex['question']}\n  gold: {ex['answer']}  reward: {scores[-1]:.1f}\n"
-          f"  model: {answer.strip()[:300]!r}")
-  print(f"\nmean reward {np.mean(scores):.3f} over {len(scores)} problems")
+    if not os.path.exists(os.path.join(sub_dir, "DONE")):
+      result = runner(_sub_config(config, method, order), sub_dir)
+      if result.get("stopped"):
+        return {"stopped": True}
+    seconds[name] = time.perf_counter() - t0
+  report = write_report(config, workdir, ["base", *names], seconds)
+  return {"stopped": False, "report": report}
 
 
-if __name__ == "__main__":
-  main()
+def _steps_of(config, name: str) -> str:
+  if name == "base":
+    return "-"
+  if name in ("es", "grpo"):
+    return str(config[name].num_steps)
+  first, second = sequential.split_budget(config.sequential.total_steps,
+                                          config.sequential.first_fraction)
+  return f"{first}+{second}"
+
+
+def write_report(config, workdir: str, names: list[str], seconds: dict[str, float]) -> str:
+  """report.md with the evaluation table, plots and settings; returns its path."""
+  rows, curves, entropy, reward = [], {}, {}, {}
+  ks = None
+  for name in names:
+    macro = _table(os.path.join(workdir, name))
+    if macro is None:
+      continue
+    curve = macro.get("pass_at_k_curve")
+    if curve:
+      curves[LABELS[name]] = (curve["k"], curve["value"])
+    ks = ks or [k for k in config.eval.ks if f"pass@{k}" in macro]
+    rows.append((name, macro))
+    metrics_path = os.path.join(workdir, name, "metrics.jsonl")
+    if os.path.exists(metrics_path):
+      lines = read_metrics(metrics_path)
+      for key, dest in (("entropy/mean", entropy), ("fitness/mean", reward),
+                        ("reward/mean", reward)):
+        pts = [(r["step"], r[key]) for r in lines if key in r and r[key] == r[key]]
+        if pts:
+          x, y = zip(*pts, strict=True)
+          dest[f"{LABELS[name]} ({key.split('/')[0]})" if name in ("grpo_es", "es_grpo")
+               else LABELS[name]] = (x, y)
+  figures = {}
+  if curves:
+    figures["pass_at_k"] = plots.plot_pass_at_k(curves, os.path.join(workdir, "pass_at_k.png"),
+                                                title="Pass@k on held-out problems")
+  if entropy:
+    figures["entropy"] = plots.plot_metric_over_steps(
+      entropy, os.path.join(workdir, "entropy.png"), ylabel="rollout token entropy (nats)",
+      title="token entropy of training rollouts")
+  if reward:
+    figures["reward"] = plots.plot_metric_over_steps(
+      reward, os.path.join(workdir, "reward.png"), ylabel="mean training reward",
+      title="training reward (ES: population mean fitness; GRPO: group mean)")
+  ks = ks or [1]
+  head = ["run", "steps", "greedy", *[f"Pass@{k}" for k in ks], "mean length", "entropy",
+          "minutes"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for name, m in rows:
+    cells = [LABELS[name], _steps_of(config, name), f"{m.get('greedy', float('nan')):.3f}"]
+    cells += [f"{m.get(f'pass@{k}', float('nan')):.3f}" for k in ks]
+    nan = float("nan")
+    cells += [f"{m.get('mean_length', nan):.1f}", f"{m.get('mean_entropy', nan):.3f}",
+              f"{seconds.get(name, nan) / 60:.1f}"]
+    lines.append("| " + " | ".join(cells) + " |")
+  ev = config.eval
+  text = [
+    "# es_jax demo report",
+    "",
+    f"Model: `{config.model.source}` {config.model.path or config.model.preset}. Training task "
+    f"`{config.data.task}` ({config.data.prompts_per_step} prompts per step); held-out "
+    f"evaluation on {ev.limit} problems of `{ev.task}` split `{ev.split}`: one greedy answer "
+    f"and n = {ev.num_samples} samples at temperature {ev.temperature} per problem, "
+    f"{ev.max_new_tokens} new tokens at most.",
+    "",
+    *lines,
+    "",
+    f"ES: N = {config.es.population_size}, σ = {config.es.sigma}, α = {config.es.learning_rate} "
+    f"({config.es.optimizer}), {config.es.shaping} shaping, fitness at temperature "
+    f"{config.es.temperature}. GRPO: G = {config.grpo.num_generations}, lr = "
+    f"{config.grpo.learning_rate}, β = {config.grpo.beta}, temperature {config.grpo.temperature}. "
+    f"Sequential: {config.sequential.total_steps} steps split "
+    f"{config.sequential.first_fraction:.0%} / {1 - config.sequential.first_fraction:.0%}.",
+    "",
+    "Minutes include model loading, compilation and evaluation. These are small-budget runs on "
+    "a small model: differences of a few problems are within noise (Pass@k standard error on "
+    f"{ev.limit} problems is up to {0.5 / ev.limit ** 0.5:.2f}).",
+    "",
+  ]
+  for name, path in figures.items():
+    text += [f"![{name}]({os.path.basename(path)})", ""]
+  path = os.path.join(workdir, "report.md")
+  os.makedirs(workdir, exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    f.write("\n".join(text))
+  os.replace(path + ".tmp", path)
+  return path

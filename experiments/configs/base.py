@@ -1,0 +1,115 @@
+"""Every field an experiment reads, with defaults; the config files start from `base_config()`.
+
+Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
+
+  method       "es" | "grpo" | "sequential" | "evaluate" | "demo": which runner main.py calls.
+  seed         the run key is jax.random.key(seed); every random choice derives from it.
+  model        where the weights come from (see `experiments.train_lib.load_model`).
+  data         the training task: prompts per step, shuffling, reward.
+  eval         held-out evaluation: periodic (every `every` steps, a small slice) and final.
+  es           ES hyperparameters (PAPER.md §1-2).
+  grpo         GRPO hyperparameters (PAPER.md §3).
+  sequential   the two-stage schedule (PAPER.md §4).
+  checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
+  mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
+
+Sample files for offline smoke runs live in experiments/configs/sample_data/.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_collections
+
+SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
+METHODS = ("es", "grpo", "sequential", "evaluate", "demo")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """All fields with defaults (the paper's where it gives one); unlocked, callers lock."""
+  c = ml_collections.ConfigDict()
+  c.method = "es"
+  c.seed = 0
+  # source: default (bundled SmolLM2 GGUF) | hf | gguf | orbax | random. "random" builds
+  # `preset` with random weights and the bundled SmolLM2 tokenizer (for smoke runs and tests).
+  c.model = dict(source="default", path="", base_source="default", base_path="", preset="")
+  c.data = dict(
+    task="reasoning_gym/chain_sum",
+    split="train",
+    limit=256,  # examples in the training pool (reasoning-gym: problems generated)
+    task_config={},  # reasoning-gym generator options ({} = the task's defaults)
+    data_dir="",  # prepared TFDS data ("" = TFDS's default directory)
+    source_dir="",  # downloaded original files ("" = use what data_dir holds)
+    reward="",  # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS)
+    prompts_per_step=8,  # P: the paper uses 64
+    shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
+  )
+  c.eval = dict(
+    task="reasoning_gym/chain_sum",
+    split="test",
+    limit=64,  # problems in the final evaluation
+    task_config={},  # reasoning-gym generator options ({} = the task's defaults)
+    data_dir="",
+    source_dir="",
+    num_samples=8,  # n per problem at `temperature` (paper: 32)
+    temperature=0.6,
+    top_p=1.0,
+    max_new_tokens=64,
+    batch_size=64,
+    ks=(1, 2, 4, 8),
+    every=0,  # periodic eval every this many steps (0 = only before and after training)
+    periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
+    periodic_num_samples=4,
+    final=True,  # evaluate the final params on `limit` problems and write workdir/eval
+  )
+  c.es = dict(
+    num_steps=10,
+    population_size=32,  # N
+    sigma=1.5e-3,
+    learning_rate=2.5e-4,  # α; θ ← θ + (α/N) Σ z_i ε_i with optimizer "sgd"
+    optimizer="sgd",  # "sgd" (the paper) | "adam"
+    shaping="zscore",  # "zscore" | "centered_rank" | "per_prompt_zscore"
+    antithetic=False,
+    rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
+    low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
+    precision="fp32",  # "fp32" | "bf16_faithful"
+    members_per_chunk=1,  # members vmapped together on a device
+    max_new_tokens=64,
+    temperature=0.0,  # 0 = greedy fitness (the paper's Easy setting)
+    top_p=1.0,
+  )
+  c.grpo = dict(
+    num_steps=10,
+    num_generations=8,  # G
+    learning_rate=1e-6,
+    weight_decay=0.0,
+    max_grad_norm=1.0,
+    beta=0.001,  # k3 KL weight against the base model (0 skips the reference)
+    eps_low=0.2,
+    eps_high=0.2,
+    aggregation="seq_mean_token_mean",
+    advantage_std="population",  # "population" | "unbiased" | "none" (Dr.GRPO)
+    mini_batch_size=0,  # rows per optimizer step (0 = the whole rollout, one step)
+    micro_batch_size=8,  # rows per device per accumulation step
+    max_new_tokens=64,
+    temperature=1.0,
+    top_p=1.0,
+  )
+  c.sequential = dict(
+    order="grpo_es",  # "grpo_es" | "es_grpo"
+    total_steps=20,  # one budget of update steps shared by the two stages
+    first_fraction=0.5,  # share of total_steps given to the first stage
+  )
+  c.checkpoint = dict(every=5, keep=3, async_save=True)
+  c.export_hf = True  # write the final params as an HF directory (workdir/hf)
+  c.mesh = dict(pop=0, model=1)
+  c.progress = True
+  # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
+  c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
+  return c
+
+
+def sample_dir(name: str) -> str:
+  """The shipped sample files of dataset `name` (experiments/configs/sample_data/<name>)."""
+  return os.path.join(SAMPLE_DATA, name)

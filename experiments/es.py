@@ -1,0 +1,136 @@
+"""ES fine-tuning run (PAPER.md §1-2): population evaluation on one prompt batch per step, z-scored
+fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and HF export.
+
+    python -m experiments.main --config experiments/configs/demo.py --workdir runs/es \
+        --config.method=es
+
+One step (global step g = stage offset + local step s):
+  step_key = fold_in(keys["noise"], g)                   # member i: fold_in(step_key, i)
+  fitness, stats = es_jax.population.evaluate(θ, prompts(g), step_key=step_key, ...)
+  θ, opt_state = optax.chain(es_gradient(...), sgd(α) | adam(α)) applied with the same step_key
+
+Resume is exact: the state (params, optimizer state) is checkpointed after the step, and every
+input of step g is a function of (seed, g), so a restarted run retraces the uninterrupted one bit
+for bit (greedy fitness; sampled fitness too, given the same devices).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from es_jax import es as es_lib
+from es_jax import metrics, population
+from experiments import train_lib
+
+OPTIMIZERS = ("sgd", "adam")
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformationExtraArgs:
+  """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names."""
+  train_lib.check(cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}")
+  train_lib.check(cfg.learning_rate > 0, "es.learning_rate", cfg.learning_rate, "need > 0")
+  train_lib.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
+  try:
+    grad = es_lib.es_gradient(
+      int(cfg.population_size),
+      float(cfg.sigma),
+      shaping=cfg.shaping,
+      antithetic=bool(cfg.antithetic),
+      rank=int(cfg.rank) or None,
+      low_rank_vectors=cfg.low_rank_vectors,
+    )
+  except ValueError as e:
+    raise ValueError(f"config.es: {e}") from None
+  step = optax.sgd if cfg.optimizer == "sgd" else optax.adam
+  return optax.chain(grad, step(float(cfg.learning_rate)))
+
+
+@functools.partial(jax.jit, static_argnames=("optimizer",), donate_argnums=(0,))
+def _apply(state: dict[str, Any], fitness, step_key, *, optimizer):
+  params, opt_state = state["params"], state["opt_state"]
+  updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=step_key)
+  return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+
+
+def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
+  """Fitness statistics, per-member rewards, length, entropy and success diversity of a step."""
+  success = (np.nan_to_num(stats.rewards, nan=0.0) >= 1.0).astype(np.float32)  # [N, P]
+  return {
+    "fitness/mean": float(np.nanmean(fitness)),
+    "fitness/std": float(np.nanstd(fitness)),
+    "fitness/max": float(np.nanmax(fitness)),
+    "fitness/min": float(np.nanmin(fitness)),
+    "fitness/per_member": fitness,
+    "length/mean": float(np.nanmean(stats.mean_length)),
+    "entropy/mean": float(np.nanmean(stats.mean_entropy)),
+    # Greedy: p_i(x) ∈ {0, 1}; sampled: one draw. JS_succ averaged over prompts (PAPER.md §6).
+    "diversity/js_success": float(metrics.js_success_diversity(success)),
+    "success/union": float(success.max(axis=0).mean()),
+  }
+
+
+def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
+  """Runs (or resumes) one ES stage from `params`; returns the final params."""
+  cfg = ctx.config.es
+  for name in ("population_size", "members_per_chunk", "max_new_tokens"):
+    train_lib.positive_int(cfg[name], f"es.{name}")
+  optimizer = make_optimizer(cfg)
+  rank = int(cfg.rank) or None
+  params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
+  state = {"params": params, "opt_state": optimizer.init(params)}
+  loop = train_lib.Loop(ctx, stage, state)
+  state = loop.state
+  for step in loop.steps():
+    g = stage.offset + step - 1  # the global index of this step's inputs
+    step_key = jax.random.fold_in(ctx.keys["noise"], g)
+    examples, ids, mask = train_lib.step_batch(ctx, g)
+    try:
+      fitness, stats = population.evaluate(
+        state["params"],
+        ids,
+        mask,
+        config=ctx.model_config,
+        step_key=step_key,
+        sigma=float(cfg.sigma),
+        population_size=int(cfg.population_size),
+        score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
+        max_new_tokens=int(cfg.max_new_tokens),
+        mesh=ctx.mesh,
+        members_per_chunk=int(cfg.members_per_chunk),
+        antithetic=bool(cfg.antithetic),
+        rank=rank,
+        low_rank_vectors=cfg.low_rank_vectors,
+        precision=cfg.precision,
+        temperature=float(cfg.temperature),
+        top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
+        eos_ids=ctx.eos_ids,
+        pad_id=ctx.pad_id,
+        sample_key=jax.random.fold_in(ctx.keys["sample"], g),
+      )
+    except ValueError as e:
+      raise ValueError(f"config.es: {e}") from None
+    shaped = stats.rewards if cfg.shaping == "per_prompt_zscore" else fitness
+    state = _apply(state, shaped, step_key, optimizer=optimizer)
+    values = step_metrics(fitness, stats)
+    n_tokens = float(np.sum(stats.completions.lengths))
+    values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
+    loop.end_step(step, state, values, params=state["params"])
+  finished = loop.close()
+  return train_lib.StageResult(state["params"], finished)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """An ES run: `config.es.num_steps` steps from the base model, then evaluation and export."""
+  ctx = train_lib.make_context(config, workdir)
+  n = train_lib.positive_int(config.es.num_steps, "es.num_steps")
+  stage = train_lib.Stage("es", n, os.path.join(ctx.workdir, "checkpoints"))
+  result = train(ctx, ctx.base_params, stage)
+  return train_lib.finish(ctx, result.params, stopped=not result.finished)

@@ -1,0 +1,122 @@
+"""GRPO fine-tuning run (PAPER.md §3): G sampled completions per prompt, group advantages, clipped
+policy-gradient steps with a k3 KL to the base model; checkpoints, resume, logging, evaluation.
+
+    python -m experiments.main --config experiments/configs/demo.py --workdir runs/grpo \
+        --config.method=grpo
+
+One step (global step g = stage offset + local step s): sample G completions per prompt of
+batch(g) with key fold_in(keys["sample"], g); reward them on the host; `with_advantages`; then
+`es_jax.grpo_train.update_step` takes B / mini_batch_size optimizer steps on the rollout. The
+checkpoint holds the whole `GRPOState` (params, AdamW state, optimizer step count); since every
+input of step g is a function of (seed, g), a resumed run repeats the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from es_jax import grpo_train
+from experiments import train_lib
+
+ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
+
+
+def make_optimizer(cfg: ml_collections.ConfigDict):
+  try:
+    return grpo_train.make_optimizer(
+      float(cfg.learning_rate),
+      weight_decay=float(cfg.weight_decay),
+      max_grad_norm=float(cfg.max_grad_norm),
+    )
+  except ValueError as e:
+    raise ValueError(f"config.grpo: {e}") from None
+
+
+def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
+  """Runs (or resumes) one GRPO stage from `params`; returns the final params."""
+  cfg = ctx.config.grpo
+  group = train_lib.positive_int(cfg.num_generations, "grpo.num_generations")
+  train_lib.check(group >= 2, "grpo.num_generations", group, "GRPO compares a group: need >= 2")
+  train_lib.positive_int(cfg.max_new_tokens, "grpo.max_new_tokens")
+  micro = train_lib.positive_int(cfg.micro_batch_size, "grpo.micro_batch_size")
+  train_lib.check(cfg.advantage_std in ADVANTAGE_STD, "grpo.advantage_std", cfg.advantage_std,
+                  f"use one of {tuple(ADVANTAGE_STD)}")
+  rows = int(ctx.config.data.prompts_per_step) * group
+  mini = int(cfg.mini_batch_size) or rows
+  train_lib.check(rows % mini == 0, "grpo.mini_batch_size", cfg.mini_batch_size,
+                  f"must divide the {rows} rollout rows (prompts_per_step x num_generations)")
+  optimizer = make_optimizer(cfg)
+  state = grpo_train.init_state(params, optimizer, mesh=ctx.mesh)
+  ref_params = ctx.base_params if float(cfg.beta) > 0 else None
+  loop = train_lib.Loop(ctx, stage, state)
+  state = loop.state
+  for step in loop.steps():
+    g = stage.offset + step - 1
+    examples, ids, mask = train_lib.step_batch(ctx, g)
+    try:
+      completions, batch = grpo_train.rollout(
+        state.params,
+        ids,
+        mask,
+        config=ctx.model_config,
+        key=jax.random.fold_in(ctx.keys["sample"], g),
+        num_generations=group,
+        max_new_tokens=int(cfg.max_new_tokens),
+        temperature=float(cfg.temperature),
+        top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
+        eos_ids=ctx.eos_ids,
+        pad_id=ctx.pad_id,
+        mesh=ctx.mesh,
+      )
+      rows_examples = [ex for ex in examples for _ in range(group)]
+      host = train_lib.to_host(completions)
+      rewards = ctx.score(host.tokens, host.mask, rows_examples).reshape(len(examples), group)
+      batch, adv_stats = grpo_train.with_advantages(
+        batch, rewards, std=ADVANTAGE_STD[cfg.advantage_std]
+      )
+      state, update = grpo_train.update_step(
+        state,
+        batch,
+        ref_params,
+        config=ctx.model_config,
+        optimizer=optimizer,
+        mini_batch_size=mini,
+        micro_batch_size=micro,
+        eps_low=float(cfg.eps_low),
+        eps_high=float(cfg.eps_high),
+        beta=float(cfg.beta),
+        aggregation=cfg.aggregation,
+        mesh=ctx.mesh,
+      )
+    except ValueError as e:
+      raise ValueError(f"config.grpo: {e}") from None
+    values: dict[str, Any] = {
+      "reward/mean": float(rewards.mean()),
+      "reward/std": float(rewards.std()),
+      "reward/per_prompt": rewards.mean(axis=1),
+      "reward/frac_groups_all_equal": float(np.mean(rewards.max(1) == rewards.min(1))),
+    }
+    rollout = jax.device_get(grpo_train.rollout_stats(completions))
+    values.update({f"rollout/{k.removeprefix('rollout_')}": float(v) for k, v in rollout.items()})
+    values["entropy/mean"] = values.pop("rollout/entropy")
+    values["length/mean"] = values.pop("rollout/response_length")
+    values.update({f"adv/{k}": float(np.mean(v)) for k, v in jax.device_get(adv_stats).items()})
+    values.update({f"grpo/{k}": float(np.mean(v)) for k, v in jax.device_get(update).items()})
+    values["tokens_per_second"] = float(host.lengths.sum()) / max(loop.step_seconds(), 1e-9)
+    loop.end_step(step, state, values, params=state.params)
+  finished = loop.close()
+  return train_lib.StageResult(state.params, finished)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """A GRPO run: `config.grpo.num_steps` steps from the base model, then evaluation and export."""
+  ctx = train_lib.make_context(config, workdir)
+  n = train_lib.positive_int(config.grpo.num_steps, "grpo.num_steps")
+  stage = train_lib.Stage("grpo", n, os.path.join(ctx.workdir, "checkpoints"))
+  result = train(ctx, ctx.base_params, stage)
+  return train_lib.finish(ctx, result.params, stopped=not result.finished)

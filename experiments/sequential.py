@@ -1,0 +1,58 @@
+"""Sequential schedules (PAPER.md §4): GRPO→ES or ES→GRPO within one budget of update steps.
+
+    python -m experiments.main --config experiments/configs/demo.py --workdir runs/grpo_es \
+        --config.method=sequential --config.sequential.order=grpo_es
+
+`sequential.total_steps` is split into round(total · first_fraction) first-stage steps and the
+rest for the second stage, which starts from the first stage's final params. Each stage keeps its
+own checkpoints (workdir/stage1_<method>/, workdir/stage2_<method>/); metrics go to one
+metrics.jsonl with global steps (stage two continues the count) and a `stage` column. The data
+stream continues across the boundary (experiments.train_lib). A resumed run whose first stage is
+finished restores that stage's final checkpoint and runs none of its steps again.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+
+from experiments import es, grpo, train_lib
+
+TRAINERS = {"es": es.train, "grpo": grpo.train}
+ORDERS = {"grpo_es": ("grpo", "es"), "es_grpo": ("es", "grpo")}
+
+
+def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
+  """(first, second) stage steps; each at least 1."""
+  train_lib.check(total >= 2, "sequential.total_steps", total, "need >= 2 (two stages)")
+  train_lib.check(0.0 < first_fraction < 1.0, "sequential.first_fraction", first_fraction,
+                  "need a fraction in (0, 1)")
+  first = min(max(round(total * first_fraction), 1), total - 1)
+  return first, total - first
+
+
+def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_lib.Stage]:
+  """The two stages of the schedule `config.sequential` names."""
+  seq = config.sequential
+  train_lib.check(seq.order in ORDERS, "sequential.order", seq.order, f"use one of {tuple(ORDERS)}")
+  total = train_lib.positive_int(seq.total_steps, "sequential.total_steps")
+  n1, n2 = split_budget(total, float(seq.first_fraction))
+  (m1, m2) = ORDERS[seq.order]
+  return [
+    train_lib.Stage(m1, n1, os.path.join(workdir, f"stage1_{m1}", "checkpoints"), 0, f"1_{m1}"),
+    train_lib.Stage(m2, n2, os.path.join(workdir, f"stage2_{m2}", "checkpoints"), n1, f"2_{m2}"),
+  ]
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """Both stages, then the final evaluation and export of the second stage's params."""
+  ctx = train_lib.make_context(config, workdir)
+  params = ctx.base_params
+  for stage in stages(config, ctx.workdir):
+    result = TRAINERS[stage.name](ctx, params, stage)
+    if not result.finished:
+      return train_lib.finish(ctx, result.params, stopped=True)
+    params = result.params
+  return train_lib.finish(ctx, params, stopped=False)

@@ -1,0 +1,473 @@
+"""What the ES, GRPO and sequential runners share: model and data loading, the data order, scoring,
+evaluation during and after training, checkpoint/log plumbing, HF export and plots.
+
+Keys. `run_keys(seed)` splits `jax.random.key(seed)` into named streams, so no two uses share a
+key: `noise` (ES step keys, `fold_in(noise, global_step)`), `sample` (sampled decoding in ES and
+GRPO rollouts, `fold_in(sample, global_step)`), `eval` (every evaluation) and `init` (random
+models). Steps are global (a sequential run counts across stages), so each step's randomness
+depends on nothing but the seed and the step.
+
+Data order. Step s (global) uses examples `order[s·P .. s·P + P)` of an endless stream made of
+one permutation of the pool per epoch (a fixed function of seed and epoch; the file order when
+shuffle is off). The data position of a checkpoint is therefore its step times P; nothing else
+needs saving. A sequential run's second stage continues the stream where the first stopped
+(PAPER.md §4 does not say; this choice reuses no prompt before an epoch ends).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+from flax import nnx
+
+from es_jax import data, metrics, models, rewards, sampling
+from es_jax import sharding as sharding_lib
+from es_jax.checkpoint import Checkpointer, install_sigterm_handler
+from experiments import evaluate, plots
+from experiments.configs.base import METHODS
+from experiments.logger import ProgressBar, RunLogger, read_metrics
+
+log = logging.getLogger(__name__)
+KEY_STREAMS = ("noise", "sample", "eval", "init")
+
+
+def check(cond: bool, field: str, value: Any, need: str) -> None:
+  """Raises ValueError naming the config field when `cond` is false."""
+  if not cond:
+    raise ValueError(f"config.{field}={value!r} is invalid: {need}.")
+
+
+def positive_int(value: Any, field: str) -> int:
+  check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, field, value,
+        "need an int >= 1")
+  return int(value)
+
+
+def run_keys(seed: int) -> dict[str, jax.Array]:
+  """The named key streams of a run (module docstring)."""
+  keys = jax.random.split(jax.random.key(int(seed)), len(KEY_STREAMS))
+  return dict(zip(KEY_STREAMS, keys, strict=True))
+
+
+# --- model ---
+
+
+def default_tokenizer():
+  """The bundled SmolLM2 tokenizer, read from the GGUF metadata without loading the weights."""
+  import gguf
+
+  from es_jax.models import gguf_loader
+
+  reader = gguf.GGUFReader(os.fspath(gguf_loader.default_gguf_path()))
+  return gguf_loader.tokenizer_from_gguf(reader)
+
+
+def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
+  """(Transformer, tokenizer) for config.model.
+
+  Sources: those of `experiments.evaluate.load_model` (default, hf, gguf, orbax) plus "random":
+  the preset `model.preset` (e.g. "tiny-llama") with random weights from the run's `init` key and
+  its vocabulary widened to the bundled SmolLM2 tokenizer's, for smoke runs and tests.
+  """
+  if model_config.get("source") != "random":
+    return evaluate.load_model(model_config)
+  preset = model_config.get("preset") or ""
+  check(preset in models.PRESETS, "model.preset", preset, f"use one of {sorted(models.PRESETS)}")
+  tokenizer = default_tokenizer()
+  cfg = dataclasses.replace(models.get_config(preset), vocab_size=len(tokenizer))
+  seed_int = int(jax.random.randint(run_keys(seed)["init"], (), 0, 2**31 - 1))
+  return models.Transformer(cfg, rngs=nnx.Rngs(seed_int)), tokenizer
+
+
+def export_hf(params, model_config: models.ModelConfig, tokenizer, path: str) -> str:
+  """Writes params as an HF directory (config.json, safetensors, tokenizer) that transformers
+  and vLLM load; returns the path."""
+  models.save_hf(models.from_params(model_config, params), tokenizer, path)
+  return path
+
+
+# --- data ---
+
+
+def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
+  task = section.get("task") or ""
+  check(bool(task), f"{field}.task", task, "name a task (es_jax.data.TASKS or reasoning_gym/...)")
+  task_config = dict(section.get("task_config") or {}) or None
+  return dict(
+    name=task,
+    task_config=task_config,
+    data_dir=section.get("data_dir") or None,
+    source_dir=section.get("source_dir") or None,
+  )
+
+
+def load_examples(section: Mapping[str, Any], field: str, *, limit: int | None = None):
+  """The examples of config.data or config.eval (`field` names the section in errors)."""
+  kwargs = _task_kwargs(section, field)
+  split = section.get("split") or ""
+  check(bool(split), f"{field}.split", split, "name a split")
+  limit = section.get("limit") if limit is None else limit
+  examples = data.load_task(split=split, limit=limit, **kwargs)
+  check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
+  return examples
+
+
+def reward_name(section: Mapping[str, Any]) -> str:
+  return section.get("reward") or section.get("task")
+
+
+def batch_indices(num_examples: int, *, step: int, batch: int, seed: int, shuffle: bool):
+  """Indices into the pool of the `batch` examples of global step `step` (module docstring)."""
+  positions = np.arange(step * batch, (step + 1) * batch, dtype=np.int64)
+  epochs, within = np.divmod(positions, num_examples)
+  out = np.empty(batch, np.int64)
+  for epoch in np.unique(epochs):
+    if shuffle:
+      order = np.random.default_rng([int(seed), int(epoch)]).permutation(num_examples)
+    else:
+      order = np.arange(num_examples)
+    sel = epochs == epoch
+    out[sel] = order[within[sel]]
+  return out
+
+
+def encode_examples(tokenizer, examples: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """Chat-formatted, tokenised, left-padded prompts [P, S] (bucketed lengths)."""
+  texts = [data.format_prompt(ex, tokenizer) for ex in examples]
+  return sampling.encode_prompts(tokenizer, texts)
+
+
+def eos_ids(tokenizer) -> tuple[int, ...]:
+  ids = {tokenizer.eos_token_id}
+  return tuple(sorted(i for i in ids if i is not None))
+
+
+def pad_id(tokenizer) -> int:
+  return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+
+
+def make_scorer(
+  tokenizer, reward: Callable[[str, dict], float]
+) -> Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]:
+  """`score(tokens [R, T], mask [R, T], examples [R]) -> rewards [R]` on decoded completions.
+
+  Rewards come from es_jax.rewards (no model output is executed in-process).
+  """
+
+  def score(tokens, mask, examples):
+    tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+    out = np.empty(len(examples), np.float32)
+    for r, ex in enumerate(examples):
+      text = tokenizer.decode(tokens[r][mask[r]], skip_special_tokens=True)
+      out[r] = reward(text, ex)
+    return out
+
+  return score
+
+
+# --- evaluation ---
+
+
+class Evaluator:
+  """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
+    ev = config.eval
+    for name in ("limit", "num_samples", "max_new_tokens", "batch_size", "periodic_limit",
+                 "periodic_num_samples"):
+      positive_int(ev[name], f"eval.{name}")
+    check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
+    self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
+    self.examples = load_examples(ev, "eval")
+    self.task = ev.task
+    self.label = ev.task.replace("/", "_")
+
+  def _kwargs(self, num_samples: int) -> dict[str, Any]:
+    ev = self.config
+    return dict(
+      num_samples=num_samples,
+      temperature=float(ev.temperature),
+      top_p=float(ev.top_p),
+      max_new_tokens=int(ev.max_new_tokens),
+      batch_size=int(ev.batch_size),
+      ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),
+      key=self.key,
+      progress=False,
+    )
+
+  def due(self, step: int, num_steps: int) -> bool:
+    """A periodic evaluation after `step` local steps (not at the end: the final one covers it)."""
+    return self.config.every > 0 and step % self.config.every == 0 and step < num_steps
+
+  def periodic(self, params, model_config: models.ModelConfig) -> dict[str, float]:
+    """Greedy and Pass@k on the first `periodic_limit` problems, as metrics "eval/...".
+
+    The same problems and keys every time, so the numbers are comparable across steps.
+    """
+    n = int(self.config.periodic_num_samples)
+    count = min(self.config.periodic_limit, len(self.examples))
+    examples = [self.examples[i] for i in range(count)]
+    summary = evaluate.evaluate_model(
+      params, model_config, self.tokenizer, examples, task=self.task, label=self.label,
+      **self._kwargs(n),
+    )
+    return flat_summary(summary, prefix="eval/")
+
+  def final(self, params, model_config: models.ModelConfig, out_dir: str) -> dict[str, Any]:
+    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate)."""
+    n = int(self.config.num_samples)
+    return evaluate.evaluate_tasks(
+      params,
+      model_config,
+      self.tokenizer,
+      [evaluate.TaskSpec(self.label, self.task, self.examples)],
+      out_dir=out_dir,
+      **self._kwargs(n),
+    )
+
+
+def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+  """The scalar entries of an evaluation summary (greedy, pass@k, maj@k, length, entropy)."""
+  out = {}
+  for name, value in summary.items():
+    if isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool):
+      out[prefix + name] = float(value)
+  return out
+
+
+# --- run plumbing ---
+
+
+@dataclasses.dataclass
+class Context:
+  """What every stage of a run shares; built once by `make_context`."""
+
+  config: ml_collections.ConfigDict
+  workdir: str
+  model_config: models.ModelConfig
+  tokenizer: Any
+  base_params: Any
+  keys: dict[str, jax.Array]
+  examples: Any  # the training pool
+  score: Callable
+  evaluator: Evaluator
+  mesh: Any
+  eos_ids: tuple[int, ...]
+  pad_id: int
+
+
+def make_mesh(config: ml_collections.ConfigDict):
+  pop = int(config.mesh.pop)
+  check(pop >= 0, "mesh.pop", pop, "need 0 (all devices) or a positive int")
+  return sharding_lib.make_mesh(pop or None, int(config.mesh.model))
+
+
+def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
+  """Loads the model, tokenizer, training pool and evaluation set that `config` names."""
+  check(config.method in METHODS, "method", config.method, f"use one of {METHODS}")
+  model, tokenizer = load_model(config.model, seed=config.seed)
+  keys = run_keys(config.seed)
+  positive_int(config.data.prompts_per_step, "data.prompts_per_step")
+  examples = load_examples(config.data, "data")
+  reward = rewards.get_reward(reward_name(config.data))
+  return Context(
+    config=config,
+    workdir=os.fspath(workdir),
+    model_config=model.config,
+    tokenizer=tokenizer,
+    base_params=models.params(model),
+    keys=keys,
+    examples=examples,
+    score=make_scorer(tokenizer, reward),
+    evaluator=Evaluator(config, tokenizer, keys),
+    mesh=make_mesh(config),
+    eos_ids=eos_ids(tokenizer),
+    pad_id=pad_id(tokenizer),
+  )
+
+
+def step_batch(ctx: Context, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The examples and encoded prompts of a global step."""
+  idx = batch_indices(
+    len(ctx.examples),
+    step=global_step,
+    batch=int(ctx.config.data.prompts_per_step),
+    seed=int(ctx.config.seed),
+    shuffle=bool(ctx.config.data.shuffle),
+  )
+  examples = [ctx.examples[int(i)] for i in idx]
+  ids, mask = encode_examples(ctx.tokenizer, examples)
+  return examples, ids, mask
+
+
+@dataclasses.dataclass
+class Stage:
+  """One training stage: a method run for `num_steps` local steps, checkpointed in `ckpt_dir`.
+
+  Global step = offset + local step; metrics of a stage are logged at global steps 1..num_steps
+  (+ offset), the base model's evaluation at global step 0 by the first stage only.
+  """
+
+  name: str  # "es" | "grpo"
+  num_steps: int
+  ckpt_dir: str
+  offset: int = 0
+  label: str | None = None  # the `stage` column of metrics.jsonl (sequential runs)
+
+
+class StageResult(NamedTuple):
+  params: Any
+  finished: bool  # False: stopped early by SIGTERM (a checkpoint was saved)
+
+
+class Loop:
+  """Checkpoint restore, logger, progress bar and SIGTERM handling around a stage's steps.
+
+  Usage (a runner):
+    loop = Loop(ctx, stage, state_template)
+    state, start = loop.state, loop.start
+    for step in loop.steps():           # local steps start+1 .. num_steps; stops on SIGTERM
+      state, metrics = ...
+      loop.end_step(step, state, metrics)
+    return loop.close(state)
+  """
+
+  def __init__(self, ctx: Context, stage: Stage, state: Any):
+    cfg = ctx.config.checkpoint
+    positive_int(cfg.every, "checkpoint.every")
+    positive_int(cfg.keep, "checkpoint.keep")
+    self.ctx, self.stage = ctx, stage
+    self.ckpt = Checkpointer(
+      stage.ckpt_dir,
+      max_to_keep=int(cfg.keep),
+      save_interval_steps=int(cfg.every),
+      async_save=bool(cfg.async_save),
+    )
+    restored = self.ckpt.restore_or_none(abstract_state=state)
+    if restored is None:
+      self.state, self.start = state, 0
+      resume = stage.offset
+    else:
+      self.state, self.start = restored.state, int(restored.meta["step"])
+      check(self.start <= stage.num_steps, f"{stage.name}.num_steps", stage.num_steps,
+            f"the checkpoint in {stage.ckpt_dir} is at step {self.start}, beyond the budget")
+      resume = stage.offset + self.start
+      log.info("%s: resumed from step %d of %d", stage.name, self.start, stage.num_steps)
+    if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
+      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=None)
+    elif restored is None and stage.offset == 0:  # a fresh run: drop a killed attempt's lines
+      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=-1)
+      if ctx.config.eval.every > 0:  # the base model, at global step 0
+        self.logger.log(0, ctx.evaluator.periodic(ctx.base_params, ctx.model_config))
+    else:
+      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=resume)
+    self.preempt = install_sigterm_handler()
+    self.stopped = False
+    self.bar = ProgressBar(
+      stage.num_steps, initial=self.start, desc=stage.label or stage.name,
+      enabled=None if ctx.config.progress else False,
+    )
+    self._t = time.perf_counter()
+
+  def log(self, step: int, values: Mapping[str, Any]) -> None:
+    self.logger.log(self.stage.offset + step, values, stage=self.stage.label)
+
+  def steps(self):
+    for step in range(self.start + 1, self.stage.num_steps + 1):
+      if self.preempt.should_stop():
+        self.stopped = True
+        return
+      self._t = time.perf_counter()
+      yield step
+
+  def step_seconds(self) -> float:
+    return time.perf_counter() - self._t
+
+  def end_step(self, step: int, state: Any, values: Mapping[str, Any], *, params=None) -> None:
+    """Logs the step (plus a periodic eval when due), then checkpoints it."""
+    values = dict(values)
+    if params is not None:
+      values["drift"] = float(metrics.relative_drift(params, self.ctx.base_params))
+      if self.ctx.evaluator.due(step, self.stage.num_steps):
+        values.update(self.ctx.evaluator.periodic(params, self.ctx.model_config))
+    values["step_seconds"] = self.step_seconds()
+    self.log(step, values)
+    self.state = state
+    position = (self.stage.offset + step) * int(self.ctx.config.data.prompts_per_step)
+    meta = {"data_position": position, "stage": self.stage.label or self.stage.name}
+    final = step == self.stage.num_steps or self.preempt.should_stop()
+    self.ckpt.save(step, state=state, meta=meta, force=final)
+    self.bar.update(1, **{k: v for k, v in values.items() if k in ("fitness/mean", "reward/mean")})
+
+  def close(self) -> bool:
+    """Waits for checkpoints, closes files; returns whether the stage ran to its end."""
+    self.ckpt.wait()
+    self.ckpt.close()
+    self.bar.close()
+    self.logger.close()
+    self.preempt.uninstall()
+    return not self.stopped
+
+
+def train_metrics_plots(workdir: str) -> dict[str, str]:
+  """reward.png and entropy.png (training curves) from workdir/metrics.jsonl."""
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  out = {}
+  for name, keys, ylabel in (
+    ("reward", ("fitness/mean", "reward/mean"), "mean training reward"),
+    ("entropy", ("entropy/mean", "rollout/entropy"), "rollout token entropy (nats)"),
+  ):
+    series = {}
+    for key in keys:
+      pts = [(r["step"], r[key]) for r in rows if key in r and r[key] == r[key]]
+      if pts:
+        x, y = zip(*pts, strict=True)
+        series[key] = (x, y)
+    if series:
+      out[name] = plots.plot_metric_over_steps(
+        series, os.path.join(workdir, f"{name}.png"), ylabel=ylabel, title=name
+      )
+  return out
+
+
+def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
+  """After the last stage: final evaluation, HF export and plots (skipped when preempted)."""
+  if stopped:
+    log.warning("stopped by SIGTERM; checkpoint saved, rerun the same command to resume")
+    return {"stopped": True}
+  results: dict[str, Any] = {"stopped": False}
+  if ctx.config.eval.final:
+    ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
+    results["eval"] = ev["macro"]
+  if ctx.config.export_hf:
+    results["hf"] = export_hf(params, ctx.model_config, ctx.tokenizer,
+                              os.path.join(ctx.workdir, "hf"))
+  results["plots"] = train_metrics_plots(ctx.workdir)
+  (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
+  return results
+
+
+def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
+  model, tokenizer = load_model(config.model, seed=config.seed)
+  evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
+  ev = evaluator.final(models.params(model), model.config, os.path.join(workdir, "eval"))
+  return {"eval": ev["macro"]}
+
+
+def to_host(tree):
+  return jax.tree.map(np.asarray, tree)
+
+
+def block(tree):
+  return jax.block_until_ready(tree)
+

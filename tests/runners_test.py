@@ -1,0 +1,283 @@
+"""End-to-end tests of the experiment runners on the configs' `:smoke` variants (random tiny model,
+bundled SmolLM2 tokenizer, offline data): outputs, exact resume after SIGKILL, SIGTERM,
+corrupt-latest recovery, sequential stage boundary, config validation."""
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from es_jax.checkpoint import Checkpointer
+from experiments import demo, es, grpo, sequential, train_lib
+from experiments.configs import deepscaler_hard, gsm8k_easy
+from experiments.configs import demo as demo_config
+from experiments.logger import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _config(module, variant="smoke", **overrides) -> ConfigDict:
+  c = ConfigDict(module.get_config(variant).to_dict())
+  c.progress = False
+  for dotted, value in overrides.items():
+    node = c
+    *parents, leaf = dotted.split("__")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  c.lock()
+  return c
+
+
+def _finite_metrics(workdir):
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert rows, "no metrics"
+  for r in rows:
+    for k, v in r.items():
+      if isinstance(v, float):
+        assert math.isfinite(v), (k, r["step"])
+  return rows
+
+
+def _params(ckpt_dir, step=None):
+  ckpt = Checkpointer(ckpt_dir, async_save=False)
+  try:
+    restored = ckpt.restore(step)
+  finally:
+    ckpt.close()
+  state = restored.state
+  params = state["params"] if isinstance(state, dict) and "params" in state else state[0]
+  return restored.meta["step"], {"/".join(map(str, k)): np.asarray(v) for k, v in _leaves(params)}
+
+
+def _leaves(tree, prefix=()):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from _leaves(tree[k], (*prefix, k))
+  else:
+    yield prefix, tree
+
+
+def _assert_run_outputs(workdir, ckpt_dir):
+  assert os.path.exists(os.path.join(workdir, "DONE"))
+  assert Checkpointer(ckpt_dir, async_save=False).all_steps()
+  rows = _finite_metrics(workdir)
+  assert rows[0]["step"] == 0 and "eval/pass@1" in rows[0]  # the base model's periodic eval
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  table = json.load(open(os.path.join(workdir, "eval", "table.json")))
+  assert 0.0 <= table["macro"]["pass@1"] <= 1.0
+  for name in ("reward.png", "entropy.png", os.path.join("eval", "pass_at_k.png")):
+    assert os.path.getsize(os.path.join(workdir, name)) > 1000
+  assert os.path.exists(os.path.join(workdir, "hf", "config.json"))
+  assert json.load(open(os.path.join(workdir, "config.json")))["method"]
+  return rows
+
+
+def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
+  config = _config(demo_config)
+  result = demo.run(config, str(tmp_path))
+  assert result["stopped"] is False
+  for name in ("es", "grpo"):
+    rows = _assert_run_outputs(str(tmp_path / name), str(tmp_path / name / "checkpoints"))
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(steps) and steps[-1] == config[name].num_steps
+  for name, (m1, m2) in (("grpo_es", ("grpo", "es")), ("es_grpo", ("es", "grpo"))):
+    workdir = tmp_path / name
+    _assert_run_outputs(str(workdir), str(workdir / f"stage2_{m2}" / "checkpoints"))
+    stages = {r["stage"] for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0}
+    assert stages == {f"1_{m1}", f"2_{m2}"}
+  report = open(tmp_path / "report.md").read()
+  for label in ("| base |", "| ES |", "| GRPO |", "| GRPO→ES |", "| ES→GRPO |"):
+    assert label in report
+  for png in ("pass_at_k.png", "entropy.png", "reward.png"):
+    assert os.path.getsize(tmp_path / png) > 1000
+
+
+@pytest.mark.parametrize(
+  "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]
+)
+def test_paper_config_smoke(tmp_path, module, method):
+  config = _config(module, method=method, data__data_dir=str(tmp_path / "tfds"),
+                   eval__data_dir=str(tmp_path / "tfds"))
+  runner = {"es": es.run, "grpo": grpo.run}[method]
+  result = runner(config, str(tmp_path / "run"))
+  assert result["stopped"] is False
+  _assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
+
+
+def test_batch_indices_cover_each_epoch_once():
+  n, p = 10, 4
+  seen = np.concatenate([train_lib.batch_indices(n, step=s, batch=p, seed=3, shuffle=True)
+                         for s in range(5)])  # 20 positions = 2 epochs
+  assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
+  again = train_lib.batch_indices(n, step=2, batch=p, seed=3, shuffle=True)
+  np.testing.assert_array_equal(again, seen[8:12])
+  assert list(train_lib.batch_indices(n, step=1, batch=p, seed=3, shuffle=False)) == [4, 5, 6, 7]
+
+
+def test_split_budget_and_bad_values():
+  assert sequential.split_budget(10, 0.5) == (5, 5)
+  assert sequential.split_budget(3, 0.9) == (2, 1)
+  with pytest.raises(ValueError, match="sequential.first_fraction"):
+    sequential.split_budget(10, 1.0)
+  with pytest.raises(ValueError, match="es.optimizer"):
+    es.make_optimizer(_config(demo_config, es__optimizer="lion").es)
+  with pytest.raises(ValueError, match="sigma"):
+    es.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
+
+
+def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, monkeypatch):
+  config = _config(demo_config, method="sequential", eval__every=0, eval__final=False,
+                   export_hf=False)
+  sequential.run(config, str(tmp_path))
+  stage2 = tmp_path / "stage2_es" / "checkpoints"
+  _, final = _params(str(stage2))
+  before = read_metrics(str(tmp_path / "metrics.jsonl"))
+  # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
+  shutil.rmtree(stage2 / "2")
+  calls = {"grpo": 0, "es": 0}
+  real_rollout, real_eval = grpo.grpo_train.rollout, es.population.evaluate
+
+  def count(name, fn):
+    def wrapped(*a, **k):
+      calls[name] += 1
+      return fn(*a, **k)
+
+    return wrapped
+
+  monkeypatch.setattr(grpo.grpo_train, "rollout", count("grpo", real_rollout))
+  monkeypatch.setattr(es.population, "evaluate", count("es", real_eval))
+  sequential.run(config, str(tmp_path))
+  assert calls == {"grpo": 0, "es": 1}  # stage one restored, one stage-two step rerun
+  _, resumed = _params(str(stage2))
+  for k in final:
+    np.testing.assert_array_equal(resumed[k], final[k], err_msg=k)
+  after = read_metrics(str(tmp_path / "metrics.jsonl"))
+  assert [r["step"] for r in after] == [r["step"] for r in before]
+  # Stage one's lines are the original ones (not rewritten), stage two's last line is new.
+  assert [r["time"] for r in after if r["stage"] == "1_grpo"] == [
+    r["time"] for r in before if r["stage"] == "1_grpo"
+  ]
+
+
+# --- subprocess runs: SIGKILL / SIGTERM / corrupt checkpoint ---
+
+
+def _command(workdir, *overrides):
+  return [
+    sys.executable, "-m", "experiments.main",
+    f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}:smoke",
+    f"--workdir={workdir}", "--config.progress=False", "--config.eval.every=0",
+    "--config.eval.final=False", "--config.export_hf=False", *overrides,
+  ]
+
+
+def _env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  env.pop("XLA_FLAGS", None)
+  return env
+
+
+def _run(workdir, *overrides, timeout=300):
+  out = subprocess.run(_command(workdir, *overrides), cwd=ROOT, env=_env(), capture_output=True,
+                       text=True, timeout=timeout)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out
+
+
+def _start_and_signal(workdir, sig, *overrides, after_step=1, timeout=300):
+  """Starts a run, sends `sig` once checkpoint `after_step` is committed; returns the process."""
+  proc = subprocess.Popen(_command(workdir, *overrides), cwd=ROOT, env=_env(),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  marker = os.path.join(workdir, "checkpoints", str(after_step), "commit_success.txt")
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(marker):
+    if proc.poll() is not None:
+      raise AssertionError(f"run ended before step {after_step}: {proc.stderr.read()[-3000:]}")
+    assert time.monotonic() < deadline, "timed out waiting for a checkpoint"
+    time.sleep(0.05)
+  proc.send_signal(sig)
+  return proc
+
+
+@pytest.fixture(scope="module")
+def es_reference(tmp_path_factory):
+  """An uninterrupted 4-step ES smoke run (subprocess) and its final params."""
+  workdir = str(tmp_path_factory.mktemp("es_reference"))
+  _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  return (*_params(os.path.join(workdir, "checkpoints")), workdir)
+
+
+def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
+  workdir = str(tmp_path)
+  proc = _start_and_signal(workdir, signal.SIGKILL, "--config.method=es",
+                           "--config.es.num_steps=4", after_step=2)
+  proc.wait(timeout=60)
+  assert proc.returncode == -signal.SIGKILL
+  _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  step, params = _params(os.path.join(workdir, "checkpoints"))
+  ref_step, ref, _ = es_reference
+  assert step == ref_step == 4
+  for k in ref:
+    np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
+  steps = [r["step"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+  assert steps == [1, 2, 3, 4]  # no line lost or repeated by the kill
+
+
+def test_es_corrupt_latest_checkpoint_resumes_from_previous(tmp_path, es_reference):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(es_reference[2], workdir)  # a finished 4-step run
+  latest = os.path.join(workdir, "checkpoints", "4", "state")
+  victim = max((os.path.join(r, f) for r, _, fs in os.walk(latest) for f in fs),
+               key=os.path.getsize)
+  with open(victim, "r+b") as f:
+    f.truncate(os.path.getsize(victim) // 2)
+  os.remove(os.path.join(workdir, "DONE"))
+  out = _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  assert "CorruptCheckpointWarning" in out.stderr and "checkpoints/4" in out.stderr
+  step, params = _params(os.path.join(workdir, "checkpoints"))
+  assert step == 4
+  for k in es_reference[1]:
+    np.testing.assert_array_equal(params[k], es_reference[1][k], err_msg=k)
+
+
+def test_grpo_sigkill_resume_matches(tmp_path):
+  overrides = ("--config.method=grpo", "--config.grpo.num_steps=2")
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
+  _run(ref_dir, *overrides)
+  proc = _start_and_signal(workdir, signal.SIGKILL, *overrides, after_step=1)
+  proc.wait(timeout=60)
+  _run(workdir, *overrides)
+  _, ref = _params(os.path.join(ref_dir, "checkpoints"))
+  step, params = _params(os.path.join(workdir, "checkpoints"))
+  assert step == 2
+  for k in ref:
+    np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
+
+
+def test_sigterm_saves_and_exits_zero(tmp_path):
+  workdir = str(tmp_path)
+  proc = _start_and_signal(workdir, signal.SIGTERM, "--config.method=es",
+                           "--config.es.num_steps=50", "--config.checkpoint.every=10",
+                           after_step=1)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 0, err[-3000:]
+  steps = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False).all_steps()
+  assert max(steps) > 1 and max(steps) < 50  # a checkpoint of the step it stopped after
+  assert not os.path.exists(os.path.join(workdir, "DONE"))
+
+
+def test_main_refuses_unknown_key_and_bad_value(tmp_path):
+  for override, name in (("--config.es.populaton_size=8", "populaton_size"),
+                         ("--config.es.sigma=abc", "sigma")):
+    out = subprocess.run(_command(str(tmp_path), override), cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and name in out.stderr, out.stderr[-2000:]
