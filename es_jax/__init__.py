@@ -3,7 +3,21 @@
 The public API in one place; see each module for the equations and references.
 """
 
-from es_jax import data, fitness, grpo, metrics, models, noise, rewards, sampling
+from es_jax import (
+  checkpoint,
+  data,
+  fitness,
+  grpo,
+  grpo_train,
+  metrics,
+  models,
+  noise,
+  population,
+  rewards,
+  sampling,
+  sharding,
+)
+from es_jax.checkpoint import Checkpointer
 from es_jax.data import format_prompt, load_task
 from es_jax.es import ESState, es_gradient, es_update_direction, shape_fitness
 from es_jax.fitness import centered_rank, per_prompt_zscore, zscore
@@ -32,7 +46,9 @@ from es_jax.noise import (
   perturb_member,
   sample_noise,
 )
+from es_jax.population import evaluate as evaluate_population
 from es_jax.rewards import get_reward, is_correct
 from es_jax.sampling import Completions, generate, pad_prompts
+from es_jax.sharding import make_mesh
 
 __version__ = "0.1.0"

@@ -25,6 +25,7 @@ Paths may be local or gs:// (anything `etils.epath` opens); they are passed thro
 from __future__ import annotations
 
 import json
+import os
 import logging
 import signal
 import threading
@@ -125,6 +126,8 @@ class Checkpointer:
     ):
       if value < 1:
         raise ValueError(f"Checkpointer: {name} must be >= 1, got {value}.")
+    if "://" not in str(directory):
+      directory = os.path.abspath(directory)  # Orbax refuses relative paths
     self.directory = epath.Path(directory)
     # cleanup_tmp_directories: leftovers of saves killed mid-write are deleted on start.
     options = ocp.CheckpointManagerOptions(

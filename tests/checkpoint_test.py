@@ -241,3 +241,12 @@ def test_only_checkpoint_uncommitted_means_fresh_start(tmp_path, key):
     assert ckpt.save(1, state=states[1])
     ckpt.wait()
     assert ckpt.restore().meta["step"] == 1
+
+
+def test_relative_directory_is_made_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  ckpt = Checkpointer("runs/ckpt", async_save=False)
+  ckpt.save(1, state={"w": jnp.arange(3.0)})
+  np.testing.assert_array_equal(ckpt.restore().state["w"], np.arange(3.0))
+  ckpt.close()
+  assert (tmp_path / "runs" / "ckpt" / "1").is_dir()
