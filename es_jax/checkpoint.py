@@ -25,8 +25,8 @@ Paths may be local or gs:// (anything `etils.epath` opens); they are passed thro
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import signal
 import threading
 import warnings

@@ -2,7 +2,7 @@
 
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
-  method       "es" | "grpo" | "sequential" | "evaluate" | "demo": which runner main.py calls.
+  method       "es" | "grpo" | "sequential" | "evaluate" | "demo" | "sparsity": the runner.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -23,7 +23,7 @@ import os
 import ml_collections
 
 SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
-METHODS = ("es", "grpo", "sequential", "evaluate", "demo")
+METHODS = ("es", "grpo", "sequential", "evaluate", "demo", "sparsity")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -107,6 +107,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True
   # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
+  # method="sparsity" (PAPER.md §7): a tuned run / checkpoint / HF dir against config.model.
+  c.sparsity = dict(
+    tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
+  )
   return c
 
 
