@@ -2,7 +2,7 @@
 
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
-  method       "es" | "grpo" | "sequential" | "evaluate" | "demo" | "sparsity": the runner.
+  method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -23,7 +23,7 @@ import os
 import ml_collections
 
 SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
-METHODS = ("es", "grpo", "sequential", "evaluate", "demo", "sparsity")
+METHODS = ("es", "grpo", "sequential", "evaluate", "demo", "sparsity", "population_sweep")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -108,6 +108,8 @@ def base_config() -> ml_collections.ConfigDict:
   # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
   # method="sparsity" (PAPER.md §7): a tuned run / checkpoint / HF dir against config.model.
+  # method="population_sweep" (PAPER.md §8): ES once per N; smoothed training reward per N.
+  c.population_sweep = dict(sizes="8,16,32,64", window=10, tolerance=0.01, evaluate=False)
   c.sparsity = dict(
     tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
   )

@@ -1,0 +1,74 @@
+"""Population size sweep (PAPER.md §8): ES training reward for several N on one model.
+
+    python -m experiments.main --config experiments/configs/gsm8k_easy.py --workdir gs://B/sweep \
+        --config.method=population_sweep --config.population_sweep.sizes=8,16,32,64
+
+Runs `experiments.es` once per N (sub-directories N=<n>/, each resumable; every other setting
+from the config, final evaluation off unless `population_sweep.evaluate`), then reports each
+run's training reward (population mean fitness) smoothed with a moving average of `window`
+steps, at the last step, and the smallest N whose smoothed reward is within `tolerance` of the
+largest N's (the paper's criterion: 0.01 of N = 64). Writes sweep.json, sweep.md and sweep.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+from experiments import es, plots, train_lib
+from experiments.logger import read_metrics
+
+
+def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
+  raw = str(config.population_sweep.sizes)
+  try:
+    sizes = sorted({int(s) for s in raw.split(",") if s.strip()})
+  except ValueError:
+    sizes = []
+  train_lib.check(bool(sizes) and sizes[0] >= 2, "population_sweep.sizes", raw,
+                  "need comma-separated population sizes >= 2, e.g. '8,16,32'")
+  return sizes
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  sweep = config.population_sweep
+  window = train_lib.positive_int(sweep.window, "population_sweep.window")
+  curves, final = {}, {}
+  for n in sizes_of(config):
+    sub = ml_collections.ConfigDict(config.to_dict())
+    sub.method = "es"
+    sub.es.population_size = n
+    sub.eval.final = bool(sweep.evaluate)
+    sub.lock()
+    run_dir = os.path.join(workdir, f"N={n}")
+    if not os.path.exists(os.path.join(run_dir, "DONE")):
+      result = es.run(sub, run_dir)
+      if result.get("stopped"):
+        return {"stopped": True}
+    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "fitness/mean" in r]
+    steps = [r["step"] for r in rows]
+    smooth = plots.moving_average([r["fitness/mean"] for r in rows], window)
+    curves[f"N={n}"] = (steps, smooth)
+    final[n] = float(smooth[-1])
+  largest = max(final)
+  within = [n for n in sorted(final) if final[n] >= final[largest] - float(sweep.tolerance)]
+  result = {"smoothed_final_reward": final, "window": window, "tolerance": float(sweep.tolerance),
+            "smallest_sufficient_N": within[0]}
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "sweep.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  lines = ["| N | smoothed training reward (last step) |", "|---|---|"]
+  lines += [f"| {n} | {v:.4f} |" for n, v in sorted(final.items())]
+  lines += ["", f"Smallest N within {sweep.tolerance} of N = {largest}: {within[0]} "
+            f"(moving average over {window} steps)."]
+  with open(os.path.join(workdir, "sweep.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  plots.plot_metric_over_steps({k: (x, np.asarray(y)) for k, (x, y) in curves.items()},
+                               os.path.join(workdir, "sweep.png"),
+                               ylabel=f"training reward (moving average, {window} steps)",
+                               title="ES population size sweep")
+  return result
