@@ -352,7 +352,15 @@ class Loop:
       save_interval_steps=int(cfg.every),
       async_save=bool(cfg.async_save),
     )
+    self.run_key = jax.random.key(int(ctx.config.seed))
     restored = self.ckpt.restore_or_none(abstract_state=state)
+    if restored is not None and restored.key is not None and not np.array_equal(
+      jax.random.key_data(restored.key), jax.random.key_data(self.run_key)
+    ):
+      raise ValueError(
+        f"config.seed={ctx.config.seed} does not give the run key saved in {stage.ckpt_dir}: "
+        "resume with the original seed, or use a new workdir."
+      )
     if restored is None:
       self.state, self.start = state, 0
       resume = stage.offset
@@ -405,7 +413,7 @@ class Loop:
     position = (self.stage.offset + step) * int(self.ctx.config.data.prompts_per_step)
     meta = {"data_position": position, "stage": self.stage.label or self.stage.name}
     final = step == self.stage.num_steps or self.preempt.should_stop()
-    self.ckpt.save(step, state=state, meta=meta, force=final)
+    self.ckpt.save(step, state=state, key=self.run_key, meta=meta, force=final)
     self.bar.update(1, **{k: v for k, v in values.items() if k in ("fitness/mean", "reward/mean")})
 
   def close(self) -> bool:

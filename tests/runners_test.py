@@ -281,3 +281,12 @@ def test_main_refuses_unknown_key_and_bad_value(tmp_path):
     out = subprocess.run(_command(str(tmp_path), override), cwd=ROOT, env=_env(),
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and name in out.stderr, out.stderr[-2000:]
+
+
+def test_resume_with_another_seed_is_refused(tmp_path):
+  config = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False)
+  es.run(config, str(tmp_path))
+  other = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
+                  seed=1)
+  with pytest.raises(ValueError, match="config.seed=1"):
+    es.run(other, str(tmp_path))

@@ -26,22 +26,22 @@ def get_config(variant: str | None = None):
   c.data.task_config = dict(CHAIN_SUM)
   c.eval.task_config = dict(CHAIN_SUM)
   c.data.limit = 256
-  c.data.prompts_per_step = 8
+  c.data.prompts_per_step = 4
   c.eval.limit = 32
   c.eval.num_samples = 8
   c.eval.ks = (1, 2, 4, 8)
   c.eval.max_new_tokens = 32
   c.eval.batch_size = 72  # 8 problems x (8 samples + 1 greedy)
-  c.eval.every = 5
+  c.eval.every = 4
   c.eval.periodic_limit = 8
   c.eval.periodic_num_samples = 4
-  # ES: a small population; σ, α scaled up from the paper's (1.5e-3, 2.5e-4) for a 135M model
-  # and very few steps.
-  c.es.update(num_steps=10, population_size=8, members_per_chunk=8, sigma=1e-3,
+  # ES: full rank as in the paper, a small population; σ, α as Qiu et al. (1e-3, 5e-4). GRPO: lr
+  # 1e-5 (10x the paper's 1e-6, for a budget of 8 steps), no KL (β = 0).
+  c.es.update(num_steps=8, population_size=8, members_per_chunk=8, sigma=1e-3,
               learning_rate=5e-4, max_new_tokens=32)
-  c.grpo.update(num_steps=10, num_generations=8, learning_rate=1e-5, beta=0.0,
+  c.grpo.update(num_steps=8, num_generations=8, learning_rate=1e-5, beta=0.0,
                 max_new_tokens=32, micro_batch_size=16)
-  c.sequential.update(total_steps=10, first_fraction=0.5)
+  c.sequential.update(total_steps=8, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=2)
   if variant == "smoke":
     c.model.update(source="random", preset="tiny-llama")
