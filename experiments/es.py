@@ -17,7 +17,6 @@ for bit (greedy fitness; sampled fitness too, given the same devices).
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import jax
@@ -129,8 +128,4 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """An ES run: `config.es.num_steps` steps from the base model, then evaluation and export."""
-  ctx = train_lib.make_context(config, workdir)
-  n = train_lib.positive_int(config.es.num_steps, "es.num_steps")
-  stage = train_lib.Stage("es", n, os.path.join(ctx.workdir, "checkpoints"))
-  result = train(ctx, ctx.base_params, stage)
-  return train_lib.finish(ctx, result.params, stopped=not result.finished)
+  return train_lib.run_single(config, workdir, "es", train)

@@ -13,7 +13,6 @@ input of step g is a function of (seed, g), a resumed run repeats the uninterrup
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
@@ -115,8 +114,4 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """A GRPO run: `config.grpo.num_steps` steps from the base model, then evaluation and export."""
-  ctx = train_lib.make_context(config, workdir)
-  n = train_lib.positive_int(config.grpo.num_steps, "grpo.num_steps")
-  stage = train_lib.Stage("grpo", n, os.path.join(ctx.workdir, "checkpoints"))
-  result = train(ctx, ctx.base_params, stage)
-  return train_lib.finish(ctx, result.params, stopped=not result.finished)
+  return train_lib.run_single(config, workdir, "grpo", train)

@@ -464,6 +464,15 @@ def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
   return results
 
 
+def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train_fn) -> dict:
+  """One method from the base model: `config.<name>.num_steps` steps of `train_fn`, then
+  `finish` (evaluation, export, plots)."""
+  ctx = make_context(config, workdir)
+  n = positive_int(config[name].num_steps, f"{name}.num_steps")
+  result = train_fn(ctx, ctx.base_params, Stage(name, n, os.path.join(ctx.workdir, "checkpoints")))
+  return finish(ctx, result.params, stopped=not result.finished)
+
+
 def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   model, tokenizer = load_model(config.model, seed=config.seed)

@@ -116,6 +116,27 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_data: str | None):
+  """Turns `c` into its `:smoke` variant in place: a random `preset` model with the bundled
+  tokenizer, the shipped sample files of datasets `data` / `eval_data` (None: keep the task, e.g.
+  reasoning-gym), tiny sizes and one device; end to end in well under a minute on a CPU."""
+  c.model.update(source="random", preset=preset, path="")
+  c.data.update(limit=min(c.data.limit, 24), prompts_per_step=2)
+  if data:
+    c.data.source_dir = sample_dir(data)
+  if eval_data:
+    c.eval.source_dir = sample_dir(eval_data)
+  c.eval.update(limit=4, num_samples=2, ks=(1, 2), max_new_tokens=8, batch_size=6, every=2,
+                periodic_limit=2, periodic_num_samples=2)
+  c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
+  c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0,
+                micro_batch_size=2)
+  c.sequential.update(total_steps=4)
+  c.checkpoint.update(every=1, keep=2)
+  c.mesh.pop = 1  # tiny batches: one device (the tests run with 8 fake CPU devices)
+  return c
+
+
 def sample_dir(name: str) -> str:
   """The shipped sample files of dataset `name` (experiments/configs/sample_data/<name>)."""
   return os.path.join(SAMPLE_DATA, name)

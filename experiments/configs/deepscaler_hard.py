@@ -17,7 +17,7 @@ ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2.
 under a minute on CPU; checks the plumbing only.
 """
 
-from experiments.configs.base import base_config, sample_dir
+from experiments.configs.base import base_config, smoke
 
 
 def get_config(variant: str | None = None):
@@ -36,17 +36,7 @@ def get_config(variant: str | None = None):
   c.sequential.update(total_steps=200, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=3)
   if variant == "smoke":
-    c.model.update(source="random", preset="tiny-llama", path="")
-    c.data.update(source_dir=sample_dir("deepscaler"), limit=24, prompts_per_step=2)
-    c.eval.update(source_dir=sample_dir("math500"), limit=4, num_samples=2, ks=(1, 2),
-                  max_new_tokens=8, batch_size=6, every=2, periodic_limit=2,
-                  periodic_num_samples=2)
-    c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
-    c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0,
-                  micro_batch_size=2)
-    c.sequential.update(total_steps=4)
-    c.checkpoint.update(every=1, keep=2)
-    c.mesh.pop = 1
+    smoke(c, preset="tiny-llama", data="deepscaler", eval_data="math500")
   elif variant:
     raise ValueError(f"deepscaler_hard.py: unknown variant {variant!r}; use none or ':smoke'.")
   c.lock()

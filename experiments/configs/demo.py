@@ -14,7 +14,7 @@ are small and noisy: the report shows whatever was measured.
 minute on CPU; checks the plumbing, not learning.
 """
 
-from experiments.configs.base import base_config
+from experiments.configs.base import base_config, smoke
 
 CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
@@ -44,16 +44,8 @@ def get_config(variant: str | None = None):
   c.sequential.update(total_steps=8, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=2)
   if variant == "smoke":
-    c.model.update(source="random", preset="tiny-llama")
+    smoke(c, preset="tiny-llama", data=None, eval_data=None)
     c.data.limit = 16
-    c.data.prompts_per_step = 2
-    c.eval.update(limit=4, num_samples=2, ks=(1, 2), max_new_tokens=8, batch_size=6, every=2,
-                  periodic_limit=2, periodic_num_samples=2)
-    c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
-    c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, micro_batch_size=2)
-    c.sequential.update(total_steps=4)
-    c.checkpoint.update(every=1, keep=2)
-    c.mesh.pop = 1  # tiny batches: one device (tests run with 8 fake CPU devices)
   elif variant:
     raise ValueError(f"demo.py: unknown variant {variant!r}; use no variant or ':smoke'.")
   c.lock()

@@ -17,7 +17,7 @@ GRPO 78.1/93.9/95.3, ES 73.2/94.9/96.6.
 minute on CPU; checks the plumbing only.
 """
 
-from experiments.configs.base import base_config, sample_dir
+from experiments.configs.base import base_config, smoke
 
 
 def get_config(variant: str | None = None):
@@ -35,17 +35,7 @@ def get_config(variant: str | None = None):
   c.sequential.update(total_steps=234, first_fraction=0.5)
   c.checkpoint.update(every=10, keep=3)
   if variant == "smoke":
-    c.model.update(source="random", preset="tiny-qwen2", path="")
-    c.data.update(source_dir=sample_dir("gsm8k"), limit=24, prompts_per_step=2)
-    c.eval.update(source_dir=sample_dir("gsm8k"), limit=4, num_samples=2, ks=(1, 2),
-                  max_new_tokens=8, batch_size=6, every=2, periodic_limit=2,
-                  periodic_num_samples=2)
-    c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
-    c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0,
-                  micro_batch_size=2)
-    c.sequential.update(total_steps=4)
-    c.checkpoint.update(every=1, keep=2)
-    c.mesh.pop = 1
+    smoke(c, preset="tiny-qwen2", data="gsm8k", eval_data="gsm8k")
   elif variant:
     raise ValueError(f"gsm8k_easy.py: unknown variant {variant!r}; use no variant or ':smoke'.")
   c.lock()
