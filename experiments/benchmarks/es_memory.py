@@ -2,7 +2,7 @@
 
     python -m experiments.benchmarks.es_memory [--model tiny|smollm2] [--small 8] [--large 32]
         [--prompts 4] [--prompt_len 32] [--max_new_tokens 16] [--members_per_chunk 4]
-        [--sigma 0.001]
+        [--sigma 0.001] [--prng threefry2x32|rbg|unsafe_rbg] [--no-xla]
 
 The goal (the issue): the step's peak memory at N = 32 within 10% of N = 8 with the same
 members_per_chunk M, model and prompts. Full-rank evaluation holds ``M`` perturbed copies of θ per
@@ -39,7 +39,8 @@ import subprocess
 import sys
 import time
 
-MODELS = ("tiny", "smollm2")
+from experiments.benchmarks._common import workload_parser
+
 _MARKER = "ES_MEMORY_CHILD_RESULT "
 MiB = 2**20
 
@@ -116,7 +117,7 @@ def child(args) -> dict:
   rng = np.random.RandomState(0)
   ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
   mask = np.ones((P, S), bool)
-  step_key = jax.random.key(1)
+  step_key = jax.random.key(1, impl=args.prng)
 
   def score(tokens, mask):
     return ((tokens % 7) * mask).sum(axis=-1) / (6.0 * np.maximum(mask.sum(axis=-1), 1))
@@ -175,7 +176,8 @@ def child(args) -> dict:
 
 def _flags(args) -> list[str]:
   """The shared flags, to hand to a child."""
-  names = "model prompts prompt_len max_new_tokens members_per_chunk sigma learning_rate".split()
+  names = "model prompts prompt_len max_new_tokens members_per_chunk sigma learning_rate prng"
+  names = names.split()
   return [f"--{k}={getattr(args, k)}" for k in names] + ["--xla" if args.xla else "--no-xla"]
 
 
@@ -195,19 +197,11 @@ def _mib(x: float | None) -> str:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(
-    description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-    epilog="\n".join(__doc__.splitlines()[1:]),
-  )  # fmt: skip
-  parser.add_argument("--model", default="tiny", choices=MODELS)
+  parser = workload_parser(__doc__)
   parser.add_argument("--small", type=int, default=8, help="the smaller population size N")
   parser.add_argument("--large", type=int, default=32, help="the larger population size N")
-  parser.add_argument("--prompts", type=int, default=4, help="P")
-  parser.add_argument("--prompt_len", type=int, default=32, help="S")
-  parser.add_argument("--max_new_tokens", type=int, default=16, help="T")
   parser.add_argument("--members_per_chunk", type=int, default=4, help="M, the same for both N")
-  parser.add_argument("--sigma", type=float, default=1e-3)
-  parser.add_argument("--learning_rate", type=float, default=1e-3)
+  parser.add_argument("--sigma", type=float, default=1e-3, help="σ")
   parser.add_argument(
     "--xla", action=argparse.BooleanOptionalAction, default=True,
     help="also report XLA's compiled memory analysis (compiles both programs once more)",
@@ -225,7 +219,8 @@ def main(argv=None):
   print(
     f"model {args.model}; N={args.small} vs N={args.large}, M={args.members_per_chunk}, "
     f"P={args.prompts} prompts x T={args.max_new_tokens} tokens (prompt length "
-    f"{args.prompt_len}); one fresh process per N; load average {os.getloadavg()[0]:.1f}"
+    f"{args.prompt_len}), {args.prng} keys; one fresh process per N; load average "
+    f"{os.getloadavg()[0]:.1f}"
   )
   res = {}
   for n in (args.small, args.large):
@@ -233,10 +228,10 @@ def main(argv=None):
     res[n] = run_child(n, args)
     print(f"  child N={n} done in {time.perf_counter() - t0:.1f}s")
   a, b = res[args.small], res[args.large]
+  m1 = args.members_per_chunk + 1
   print(
-    f"params: {_mib(a['param_bytes'])} MiB (fp32); full rank holds about (M + 2) = "
-    f"{args.members_per_chunk + 2} copies during evaluation: "
-    f"{_mib(a['param_bytes'] * (args.members_per_chunk + 2))} MiB"
+    f"params θ: {_mib(a['param_bytes'])} MiB (fp32); θ plus M perturbed copies = {m1} x θ = "
+    f"{_mib(a['param_bytes'] * m1)} MiB"
   )
   if not a["peak_reset"]:
     print("note: /proc/self/clear_refs is not writable: 'first step' and 'step' peaks are process "
@@ -264,6 +259,8 @@ def main(argv=None):
       label = f"XLA {prog}: {field} (MiB)"
       ratio = f"{xb[field] / xa[field]:7.3f}" if xa[field] else f"{'-':>7}"
       print(f"{label:<44} {_mib(xa[field]):>10} {_mib(xb[field]):>10} {ratio}")
+    print(f"{f'XLA {prog}: total / θ':<44} {xa['total'] / a['param_bytes']:10.2f} "
+          f"{xb['total'] / b['param_bytes']:10.2f}")  # fmt: skip
 
   ratio = b["step_peak"] / a["step_peak"]
   first_ratio = b["first_peak"] / a["first_peak"]
