@@ -144,7 +144,9 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
     "",
     *lines,
     "",
-    f"ES: N = {config.es.population_size}, σ = {config.es.sigma}, α = {config.es.learning_rate} "
+    f"ES: N = {config.es.population_size}, "
+    f"{f'low rank r = {config.es.rank}' if config.es.rank else 'full rank'}, "
+    f"σ = {config.es.sigma}, α = {config.es.learning_rate} "
     f"({config.es.optimizer}), {config.es.shaping} shaping, fitness at temperature "
     f"{config.es.temperature}. GRPO: G = {config.grpo.num_generations}, lr = "
     f"{config.grpo.learning_rate}, β = {config.grpo.beta}, temperature {config.grpo.temperature}. "
