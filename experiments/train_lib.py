@@ -17,6 +17,7 @@ needs saving. A sequential run's second stage continues the stream where the fir
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import time
@@ -324,6 +325,37 @@ class Stage:
   label: str | None = None  # the `stage` column of metrics.jsonl (sequential runs)
 
 
+# The fields that decide a run's trajectory: a resume with other values would silently mix two
+# experiments, so it is refused. Budgets (num_steps), evaluation, checkpointing, logging and the
+# mesh may change between attempts.
+TRAJECTORY_FIELDS = ("seed", "model", "data", "es", "grpo", "sequential")
+FREE_FIELDS = ("num_steps", "total_steps")
+
+
+def trajectory_config(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The part of the config a checkpoint must agree with (JSON-able)."""
+  full = json.loads(json.dumps(config.to_dict(), default=repr))
+  out = {}
+  for name in TRAJECTORY_FIELDS:
+    value = full.get(name)
+    if isinstance(value, dict):
+      value = {k: v for k, v in value.items() if k not in FREE_FIELDS}
+    out[name] = value
+  return out
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix="") -> list:
+  """Dotted names whose values differ between two trajectory configs."""
+  out = []
+  for k in sorted(set(saved) | set(current)):
+    a, b = saved.get(k), current.get(k)
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+      out += config_differences(a, b, f"{prefix}{k}.")
+    elif a != b:
+      out.append(f"{prefix}{k} ({a!r} in the checkpoint, {b!r} now)")
+  return out
+
+
 class StageResult(NamedTuple):
   params: Any
   finished: bool  # False: stopped early by SIGTERM (a checkpoint was saved)
@@ -361,6 +393,15 @@ class Loop:
         f"config.seed={ctx.config.seed} does not give the run key saved in {stage.ckpt_dir}: "
         "resume with the original seed, or use a new workdir."
       )
+    self.trajectory = trajectory_config(ctx.config)
+    saved = None if restored is None else restored.meta.get("config")
+    if saved is not None:
+      diff = config_differences(saved, self.trajectory)
+      if diff:
+        raise ValueError(
+          f"{stage.ckpt_dir} holds a run with another config: {'; '.join(diff[:8])}. Resume "
+          "with the same values (num_steps may grow), or use a new workdir."
+        )
     if restored is None:
       self.state, self.start = state, 0
       resume = stage.offset
@@ -411,7 +452,8 @@ class Loop:
     self.log(step, values)
     self.state = state
     position = (self.stage.offset + step) * int(self.ctx.config.data.prompts_per_step)
-    meta = {"data_position": position, "stage": self.stage.label or self.stage.name}
+    meta = {"data_position": position, "stage": self.stage.label or self.stage.name,
+            "config": self.trajectory}
     final = step == self.stage.num_steps or self.preempt.should_stop()
     self.ckpt.save(step, state=state, key=self.run_key, meta=meta, force=final)
     self.bar.update(1, **{k: v for k, v in values.items() if k in ("fitness/mean", "reward/mean")})

@@ -283,10 +283,18 @@ def test_main_refuses_unknown_key_and_bad_value(tmp_path):
     assert out.returncode != 0 and name in out.stderr, out.stderr[-2000:]
 
 
-def test_resume_with_another_seed_is_refused(tmp_path):
+def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   config = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False)
   es.run(config, str(tmp_path))
   other = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
                   seed=1)
   with pytest.raises(ValueError, match="config.seed=1"):
     es.run(other, str(tmp_path))
+  sigma = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
+                  es__sigma=0.5, es__num_steps=5)
+  with pytest.raises(ValueError, match=r"es\.sigma \(0\.001 in the checkpoint, 0\.5 now\)"):
+    es.run(sigma, str(tmp_path))
+  longer = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
+                   es__num_steps=4)  # a larger budget continues the run
+  es.run(longer, str(tmp_path))
+  assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
