@@ -76,6 +76,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   return {"stopped": False, "report": report}
 
 
+def _model_name(model) -> str:
+  if model.source == "default":
+    return "SmolLM2-135M-Instruct (bundled GGUF)"
+  return f"`{model.source}` {model.path or model.preset}"
+
+
 def _steps_of(config, name: str) -> str:
   if name == "base":
     return "-"
@@ -136,7 +142,7 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
   text = [
     "# es_jax demo report",
     "",
-    f"Model: `{config.model.source}` {config.model.path or config.model.preset}. Training task "
+    f"Model: {_model_name(config.model)}. Training task "
     f"`{config.data.task}` ({config.data.prompts_per_step} prompts per step); held-out "
     f"evaluation on {ev.limit} problems of `{ev.task}` split `{ev.split}`: one greedy answer "
     f"and n = {ev.num_samples} samples at temperature {ev.temperature} per problem, "
