@@ -1,7 +1,7 @@
 """Batched autoregressive sampling with a KV cache (greedy, temperature, top-p).
 
-One compile per (batch, prompt length, max_new_tokens, eos set, top-p on/off): temperature and
-top-p values are traced, so sweeping them does not recompile; `pad_prompts` buckets prompt
+One compile per (batch, prompt length, max_new_tokens, eos set, top-p on/off, greedy): temperature
+and top-p values are traced, so sweeping them does not recompile; `pad_prompts` buckets prompt
 lengths so new batches reuse compiled code. `generate` works under `jax.vmap` over a leading
 params (or low-rank delta) axis, which is how ES evaluates many perturbed models at once, and
 with the prompt batch sharded over devices (jit follows the input sharding).
@@ -18,7 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import Params, Transformer, forward, init_cache
+from es_jax.models.transformer import (
+  Params,
+  Transformer,
+  forward,
+  init_cache,
+  unstack_cache,
+  unstack_layers,
+)
 from es_jax.models.transformer import params as model_params
 
 
@@ -60,43 +67,112 @@ def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
   return pad_prompts(ids, pad_id=pad_id, bucket=bucket)
 
 
+def argmax(logits: jax.Array) -> jax.Array:
+  """First index of the maximum over the last axis, as int32 (jnp.argmax when there is no NaN).
+
+  Two plain reductions (max, then the smallest index holding it): on CPU about 4x faster than
+  jnp.argmax's variadic (value, index) reduce over a large vocabulary.
+  """
+  n = logits.shape[-1]
+  top = jnp.max(logits, axis=-1, keepdims=True)
+  iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  return jnp.minimum(jnp.min(jnp.where(logits == top, iota, n), axis=-1), n - 1)
+
+
+def logprob_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """log softmax(logits)[token] and the entropy of softmax(logits), in one pass over the vocab.
+
+  logits [..., V] float32, tokens [...] int -> ([...], [...]). With z = logits - max and
+  s = Σ exp(z): log p(token) = z[token] - log s and H = log s - Σ exp(z) z / s.
+  """
+  z = logits - jnp.max(logits, axis=-1, keepdims=True)
+  e = jnp.exp(z)
+  total = jnp.sum(e, axis=-1)
+  log_total = jnp.log(total)
+  logp = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0] - log_total
+  return logp, log_total - jnp.sum(e * z, axis=-1) / total
+
+
+def _inverse_cdf(weights: jax.Array, u: jax.Array, block: int = 256) -> jax.Array:
+  """Index i drawn with probability weights_i / Σ weights, from one uniform u per row.
+
+  weights [B, V] >= 0, u [B] in [0, 1) -> [B] int32: the first index whose running sum reaches
+  u * Σ weights. Two levels (block sums, then one block) instead of a cumsum over the whole
+  vocabulary, which XLA:CPU runs slowly. The result may hold zero weight after rounding; callers
+  check.
+  """
+  *lead, V = weights.shape
+  n_blocks = -(-V // block)
+  w = jnp.pad(weights, [(0, 0)] * len(lead) + [(0, n_blocks * block - V)])
+  w = w.reshape(*lead, n_blocks, block)
+  block_mass = jnp.sum(w, axis=-1)  # [B, n_blocks]
+  block_end = jnp.cumsum(block_mass, axis=-1)
+  target = u * block_end[..., -1]
+  b = jnp.minimum(jnp.sum(block_end < target[..., None], axis=-1), n_blocks - 1)
+  rest = target - jnp.take_along_axis(block_end - block_mass, b[..., None], axis=-1)[..., 0]
+  row = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]  # [B, block]
+  i = jnp.minimum(jnp.sum(jnp.cumsum(row, axis=-1) < rest[..., None], axis=-1), block - 1)
+  return jnp.minimum(b * block + i, V - 1).astype(jnp.int32)
+
+
+def _nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
+  """The smallest probability kept by top-p: the largest t with Σ_{p_i >= t} p_i >= top_p.
+
+  probs [B, V] >= 0 -> [B]. A bisection over the bit patterns of non-negative float32 (ordered
+  like the values), 30 masked sums over the vocabulary instead of a full sort: the answer is
+  always one of the probabilities, so `probs >= t` is exactly the sorted-prefix nucleus (ties
+  at the boundary are all kept). 0 (keep everything) when even the total misses `top_p`.
+  """
+  lo = jnp.zeros(probs.shape[:-1], jnp.int32)  # bits of 0.0: the condition holds (or we keep all)
+  hi = jnp.full(probs.shape[:-1], 0x3F800001, jnp.int32)  # just above 1.0: it never holds
+
+  def bisect(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    t = jax.lax.bitcast_convert_type(mid, jnp.float32)
+    mass = jnp.sum(jnp.where(probs >= t[..., None], probs, 0.0), axis=-1)
+    ok = mass >= top_p
+    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
+
+  lo, _ = jax.lax.fori_loop(0, 30, bisect, (lo, hi))  # 0x3F800001 < 2**30
+  return jax.lax.bitcast_convert_type(lo, jnp.float32)
+
+
 def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
   """Draws one token per row. logits [B, V] float32 -> [B] int32.
 
   Greedy where temperature == 0. Otherwise an exact inverse-CDF draw with one uniform per row
   (much cheaper than `jax.random.categorical`'s Gumbel noise over a large vocabulary). With
-  top-p, the smallest set of most likely tokens whose mass reaches `top_p` is kept.
+  top-p, the smallest set of most likely tokens whose mass reaches `top_p` is kept (found by
+  bisection on a probability threshold, not a sort of the vocabulary).
   """
-  greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  greedy = argmax(logits)
   scaled = logits / jnp.maximum(temperature, 1e-6)
   u = jax.random.uniform(key, logits.shape[:-1])
+  probs = jax.nn.softmax(scaled, axis=-1)
   if use_top_p:
-    order = jnp.argsort(-scaled, axis=-1)
-    sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    probs = jnp.where(mass_before < top_p, probs, 0.0)  # keeps at least the top token
-    cdf = jnp.cumsum(probs, axis=-1)
-    idx = jnp.sum(cdf < u[..., None] * cdf[..., -1:], axis=-1)
-    idx = jnp.minimum(idx, logits.shape[-1] - 1)
-    # Guard against rounding landing on a zero-probability tail token.
-    idx = jnp.where(jnp.take_along_axis(probs, idx[..., None], -1)[..., 0] > 0, idx, 0)
-    sampled = jnp.take_along_axis(order, idx[..., None], axis=-1)[..., 0]
-  else:
-    probs = jax.nn.softmax(scaled, axis=-1)
-    cdf = jnp.cumsum(probs, axis=-1)
-    sampled = jnp.sum(cdf < u[..., None] * cdf[..., -1:], axis=-1)
-    sampled = jnp.minimum(sampled, logits.shape[-1] - 1)
-    sampled = jnp.where(
-      jnp.take_along_axis(probs, sampled[..., None], -1)[..., 0] > 0, sampled, greedy
-    )
-  return jnp.where(temperature > 0, sampled.astype(jnp.int32), greedy)
+    keep = probs >= _nucleus_threshold(probs, top_p)[..., None]
+    keep = keep | (jnp.arange(logits.shape[-1]) == greedy[..., None])  # at least the top token
+    probs = jnp.where(keep, probs, 0.0)
+  sampled = _inverse_cdf(probs, u)
+  # Guard against rounding landing on a zero-probability token.
+  chosen = jnp.take_along_axis(probs, sampled[..., None], axis=-1)[..., 0]
+  sampled = jnp.where(chosen > 0, sampled, greedy)
+  return jnp.where(temperature > 0, sampled, greedy)
 
 
 @functools.partial(
   jax.jit,
   # Static: shapes and the model structure decide the compiled program.
-  static_argnames=("config", "max_new_tokens", "eos_ids", "use_top_p", "pad_id"),
+  static_argnames=(
+    "config",
+    "max_new_tokens",
+    "eos_ids",
+    "use_top_p",
+    "pad_id",
+    "greedy",
+    "unroll_layers",
+  ),
 )
 def _generate(
   params,
@@ -113,6 +189,8 @@ def _generate(
   eos_ids: tuple[int, ...],
   use_top_p: bool,
   pad_id: int,
+  greedy: bool,
+  unroll_layers: bool,
 ):
   B, S = prompt_ids.shape
   cache = init_cache(config, B, S + max_new_tokens)
@@ -129,6 +207,13 @@ def _generate(
     delta_scale=delta_scale,
     last_only=True,
   )
+  if unroll_layers:
+    # Decode over per-layer copies of the weights (made once here; the barrier keeps XLA from
+    # sinking the slices back into the loop, where they would be redone every step).
+    params, deltas = jax.lax.optimization_barrier(
+      (unstack_layers(params), None if deltas is None else unstack_layers(deltas))
+    )
+    cache = unstack_cache(cache)
   prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [B]
   eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
 
@@ -140,17 +225,15 @@ def _generate(
     lengths=jnp.zeros((B,), jnp.int32),
   )
 
-  def cond(state):
-    t, _, _, done, _ = state
-    return (t < max_new_tokens) & ~jnp.all(done)
-
-  def body(state):
-    t, cache, logits, done, out = state
+  def emit(t, logits, done, out):
+    """Picks step t's tokens from logits [B, 1, V] and records them."""
     logits = logits[:, -1]  # [B, V]
-    tok = sample_token(logits, jax.random.fold_in(key, t), temperature, top_p, use_top_p=use_top_p)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)
-    logp = jnp.take_along_axis(logp_all, tok[:, None], axis=-1)[:, 0]
-    ent = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+    if greedy:
+      tok = argmax(logits)
+    else:
+      key_t = jax.random.fold_in(key, t)
+      tok = sample_token(logits, key_t, temperature, top_p, use_top_p=use_top_p)
+    logp, ent = logprob_and_entropy(logits, tok)
     live = ~done
     tok = jnp.where(live, tok, pad_id)
     out = Completions(
@@ -160,22 +243,30 @@ def _generate(
       mask=out.mask.at[:, t].set(live),
       lengths=out.lengths + live.astype(jnp.int32),
     )
-    done = done | jnp.isin(tok, eos)
+    return tok, live, done | jnp.isin(tok, eos), out
+
+  def cond(state):
+    t, *_, done, _ = state
+    return (t < max_new_tokens) & ~jnp.all(done)
+
+  def body(state):
+    # Feed step t-1's tokens, then emit step t's: max_new_tokens - 1 forwards after the prefill.
+    t, cache, tok, live, done, out = state
     logits, cache = forward(
       params,
       tok[:, None],
-      (prompt_len + t)[:, None],
+      (prompt_len + t - 1)[:, None],
       config=config,
       mask=live[:, None],
       cache=cache,
-      cache_index=S + t,
+      cache_index=S + t - 1,
       deltas=deltas,
       delta_scale=delta_scale,
     )
-    return t + 1, cache, logits, done, out
+    return t + 1, cache, *emit(t, logits, done, out)
 
-  state = (jnp.int32(0), cache, logits, jnp.zeros((B,), bool), out)
-  *_, out = jax.lax.while_loop(cond, body, state)
+  tok, live, done, out = emit(0, logits, jnp.zeros((B,), bool), out)
+  *_, out = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, tok, live, done, out))
   return out
 
 
@@ -193,6 +284,7 @@ def generate(
   config: ModelConfig | None = None,
   deltas: Params | None = None,
   delta_scale: float | jax.Array | None = None,
+  unroll_layers: bool | None = None,
 ) -> Completions:
   """Samples continuations of left-padded prompts.
 
@@ -202,12 +294,17 @@ def generate(
     prompt_mask: [B, S] bool, False on padding.
     key: PRNG key; row draws at step t use fold_in(key, t).
     max_new_tokens: decode budget (static).
-    temperature: 0 for greedy; traced, so changing it does not recompile.
+    temperature: 0 for greedy; traced, so changing it does not recompile. A Python (or numpy)
+      0 compiles a greedy-only program that skips the sampling work (argmax only).
     top_p: nucleus mass; None or >= 1 disables it (static switch, traced value).
     eos_ids: tokens that end a row; the EOS token is kept (masked in) and counted in lengths.
     pad_id: filler after a row ends.
     config: model config when passing a params dict.
     deltas, delta_scale: low-rank perturbations for the model (see es_jax.models.forward).
+    unroll_layers: decode with per-layer copies of the weights in an unrolled layer loop
+      (`es_jax.models.transformer.unstack_layers`) instead of scanning the stacked layers.
+      Costs one copy of the layer weights per call and a longer compile; saves XLA:CPU copying
+      every layer's weights on every step. Default: on when running on CPU.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].
@@ -227,6 +324,9 @@ def generate(
       "equal [batch, length] shapes."
     )
   use_top_p = top_p is not None and not (isinstance(top_p, (int, float)) and top_p >= 1.0)
+  greedy = isinstance(temperature, (int, float, np.number)) and float(temperature) == 0.0
+  if unroll_layers is None:
+    unroll_layers = jax.default_backend() == "cpu"
   return _generate(
     params_or_model,
     deltas,
@@ -239,6 +339,8 @@ def generate(
     config=config,
     max_new_tokens=int(max_new_tokens),
     eos_ids=tuple(int(e) for e in eos_ids),
-    use_top_p=use_top_p,
+    use_top_p=use_top_p and not greedy,
     pad_id=int(pad_id),
+    greedy=greedy,
+    unroll_layers=bool(unroll_layers),
   )

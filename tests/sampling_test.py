@@ -9,7 +9,16 @@ from tiny_models import torch_model
 
 from es_jax.models import forward, load_default, positions_from_mask
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
-from es_jax.sampling import _generate, generate, pad_prompts, sample_token
+from es_jax.sampling import (
+  _generate,
+  _inverse_cdf,
+  _nucleus_threshold,
+  argmax,
+  generate,
+  logprob_and_entropy,
+  pad_prompts,
+  sample_token,
+)
 
 EOS = 255
 
@@ -132,6 +141,96 @@ def test_top_p_never_samples_outside_the_nucleus():
   freq = np.bincount(toks, minlength=5) / n
   assert set(np.unique(toks)) == {1, 2}
   assert abs(freq[1] - 4 / 7) < 5 * np.sqrt((4 / 7) * (3 / 7) / n)
+
+
+def test_inverse_cdf_matches_searchsorted_across_blocks():
+  rng = np.random.RandomState(0)
+  w = rng.exponential(size=(64, 1000)).astype(np.float32)  # 4 blocks of 256, the last partial
+  w[:, 300:520] = 0.0  # an empty block and zero weights inside others
+  u = rng.uniform(size=64).astype(np.float32)
+  got = np.asarray(jax.jit(_inverse_cdf)(w, u))
+  cdf = np.cumsum(w.astype(np.float64), axis=-1)
+  target = u * cdf[:, -1]
+  want = np.array([np.searchsorted(c, t, side="left") for c, t in zip(cdf, target, strict=True)])
+  near_edge = np.abs(cdf[np.arange(64), want] - target) < 1e-4 * cdf[:, -1]
+  np.testing.assert_array_equal(got[~near_edge], want[~near_edge])
+  assert (w[np.arange(64), got] > 0).all()
+
+
+def test_nucleus_threshold_equals_sorted_prefix():
+  rng = np.random.RandomState(1)
+  probs = np.asarray(jax.nn.softmax(jnp.asarray(rng.normal(size=(32, 2000)) * 2.5), axis=-1))
+  top_p = rng.uniform(0.05, 0.99, size=32).astype(np.float32)
+  t = np.asarray(jax.jit(_nucleus_threshold)(jnp.asarray(probs), jnp.asarray(top_p)))
+  for row, p, thr in zip(probs, top_p, t, strict=True):
+    order = np.argsort(-row, kind="stable")
+    mass_before = np.cumsum(row[order].astype(np.float64)) - row[order]
+    want = set(order[mass_before < p])
+    assert set(np.flatnonzero(row >= thr)) == want
+
+
+def test_top_p_sampling_over_a_large_vocab_matches_the_renormalised_nucleus():
+  rng = np.random.RandomState(2)
+  logits = jnp.asarray(rng.normal(size=(700,)) * 2.0, jnp.float32)
+  probs = np.asarray(jax.nn.softmax(logits))
+  order = np.argsort(-probs)
+  nucleus = order[(np.cumsum(probs[order]) - probs[order]) < 0.8]
+  n = 20_000
+  toks = np.asarray(
+    jax.jit(sample_token, static_argnames="use_top_p")(
+      jnp.tile(logits, (n, 1)), jax.random.key(7), 1.0, 0.8, use_top_p=True
+    )
+  )
+  assert set(np.unique(toks)) <= set(nucleus)
+  expected = np.zeros_like(probs)
+  expected[nucleus] = probs[nucleus] / probs[nucleus].sum()
+  freq = np.bincount(toks, minlength=700) / n
+  se = np.sqrt(expected * (1 - expected) / n)
+  assert np.all(np.abs(freq - expected) <= 5 * se + 1e-12)
+
+
+def test_argmax_and_logprob_entropy_helpers():
+  rng = np.random.RandomState(3)
+  logits = jnp.asarray(rng.normal(size=(5, 777)) * 3, jnp.float32)
+  logits = logits.at[1, 10].set(logits[1].max() + 1).at[1, 20].set(logits[1].max() + 1)  # a tie
+  np.testing.assert_array_equal(np.asarray(argmax(logits)), np.asarray(jnp.argmax(logits, -1)))
+  toks = jnp.asarray(rng.randint(0, 777, 5))
+  logp, ent = logprob_and_entropy(logits, toks)
+  logp_all = jax.nn.log_softmax(logits, axis=-1)
+  np.testing.assert_allclose(logp, jnp.take_along_axis(logp_all, toks[:, None], -1)[:, 0], 1e-5)
+  np.testing.assert_allclose(ent, -jnp.sum(jnp.exp(logp_all) * logp_all, -1), rtol=1e-5)
+
+
+def test_decode_paths_agree(tiny):
+  """Greedy-only vs traced-temperature programs, unrolled vs scanned layers, with deltas."""
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  keys = iter(jax.random.split(jax.random.key(8), 8))
+
+  def factors(w):
+    return (
+      jax.random.normal(next(keys), (*w.shape[:-1], 2)),
+      jax.random.normal(next(keys), (*w.shape[:-2], w.shape[-1], 2)),
+    )
+
+  deltas = {
+    "embed": factors(p["embed"]),
+    "layers": {k: factors(p["layers"][k]) for k in ("wq", "wv", "w_down")},
+  }
+  kw = dict(config=cfg, key=jax.random.key(0), max_new_tokens=8, deltas=deltas, delta_scale=0.01)
+  runs = [
+    generate(p, ids, mask, temperature=0.0, unroll_layers=True, **kw),
+    generate(p, ids, mask, temperature=jnp.float32(0.0), unroll_layers=True, **kw),
+    generate(p, ids, mask, temperature=0.0, unroll_layers=False, **kw),
+  ]
+  for other in runs[1:]:
+    np.testing.assert_array_equal(np.asarray(other.tokens), np.asarray(runs[0].tokens))
+    np.testing.assert_allclose(np.asarray(other.logprobs), np.asarray(runs[0].logprobs), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(other.entropy), np.asarray(runs[0].entropy), atol=1e-5)
+  sampled = [
+    generate(p, ids, mask, temperature=1.0, top_p=0.9, unroll_layers=u, **kw) for u in (1, 0)
+  ]
+  np.testing.assert_array_equal(np.asarray(sampled[0].tokens), np.asarray(sampled[1].tokens))
 
 
 def test_no_retrace_on_second_call(tiny):

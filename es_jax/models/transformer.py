@@ -15,10 +15,17 @@ The low-rank hook: `forward(..., deltas=..., delta_scale=c)` adds c * a @ b.T to
 x @ (W + c a bᵀ) = x @ W + c (x @ a) @ bᵀ. `deltas` mirrors the params dict and holds (a, b)
 pairs only for the matrices that are perturbed; EGGROLL-style ES (PAPER.md §2) passes
 c = sigma / sqrt(R).
+
+Decoding: `forward` also takes the layers unstacked (`unstack_layers`: a tuple of per-layer
+dicts) with a per-layer KV cache (`unstack_cache`), and then runs them as an unrolled Python
+loop. On CPU that is the fast decode path: XLA:CPU copies every scanned layer's weights out of
+the stacked array on every step (a dynamic slice cannot feed a matmul in place), about a quarter
+of a SmolLM2 decode step's op time; the unstacked copy is made once per `generate` call.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -34,21 +41,54 @@ LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 class KVCache(NamedTuple):
-  """Functional KV cache. Slots are shared by the batch; left padding keeps rows aligned."""
+  """Functional KV cache. Slots are shared by the batch; left padding keeps rows aligned.
 
-  k: jax.Array  # [L, B, T, K, E]
-  v: jax.Array  # [L, B, T, K, E]
+  Keys are stored transposed ([..., E, T]) so the score matmul q·kᵀ reads them as a plain
+  [E, T] right-hand side (about twice as fast on CPU as contracting over the minor axis of a
+  [T, E] block). `k` and `v` are either stacked on a leading L axis (what `init_cache` makes and
+  the scanned layers use) or tuples of L per-layer arrays (`unstack_cache`, for the unrolled
+  decode loop over `unstack_layers` parameters).
+  """
+
+  k: jax.Array | tuple[jax.Array, ...]  # [L, B, K, E, T], or L x [B, K, E, T]
+  v: jax.Array | tuple[jax.Array, ...]  # [L, B, K, T, E], or L x [B, K, T, E]
   mask: jax.Array  # [B, T] bool: slot holds a real (non-pad) token.
 
 
 def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+  """An empty stacked cache with `max_len` slots (see `KVCache` for the layout)."""
   dtype = dtype or config.jnp_dtype
-  shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
+  c = config
+  shape = (c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim)
   return KVCache(
-    k=jnp.zeros(shape, dtype),
+    k=jnp.zeros((*shape[:3], c.head_dim, max_len), dtype),
     v=jnp.zeros(shape, dtype),
     mask=jnp.zeros((batch_size, max_len), bool),
   )
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+  """The same cache with per-layer key/value arrays (one copy of the cache)."""
+  if isinstance(cache.k, tuple):
+    return cache
+  return KVCache(k=tuple(cache.k), v=tuple(cache.v), mask=cache.mask)
+
+
+def unstack_layers(tree: Params) -> Params:
+  """`params` (or a `deltas` dict) with "layers" as a tuple of per-layer dicts.
+
+  `forward` runs such layers as an unrolled loop instead of a scan. The slices are copies: do
+  this once outside a decode loop (`generate` does), not per step. Under jit, put an
+  `jax.lax.optimization_barrier` on the result or XLA may sink the slices back into the loop.
+  """
+  layers = tree.get("layers")
+  if layers is None or isinstance(layers, (list, tuple)):
+    return tree
+  leaves = jax.tree.leaves(layers)
+  if not leaves:
+    return tree
+  n = leaves[0].shape[0]
+  return {**tree, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
 
 
 def param_shapes(config: ModelConfig) -> Params:
@@ -139,18 +179,35 @@ def _unembed(params: Params, h: jax.Array, deltas: Params, scale) -> jax.Array:
   return logits
 
 
-def _attention(q, k, v, q_slots, kv_slots, kv_mask):
-  """Grouped-query attention. q [B,S,H,E]; k, v [B,T,K,E]; slots index cache positions."""
+def _attention(q, k, v, allowed):
+  """Grouped-query attention over this block's own keys. q [B,S,H,E]; k, v [B,S,K,E];
+  allowed [B,S,S] bool."""
   B, S, H, E = q.shape
   K = k.shape[2]
   qg = q.reshape(B, S, K, H // K, E)
   scores = jnp.einsum("bskge,btke->bkgst", qg, k, preferred_element_type=jnp.float32)
   scores = scores * (1.0 / math.sqrt(E))
-  allowed = kv_mask[:, None, :] & (kv_slots[None, None, :] <= q_slots[None, :, None])  # [B,S,T]
   scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bkgst,btke->bskge", probs, v)
   return out.reshape(B, S, H * E)
+
+
+def _cached_attention(q, k_t, v, allowed):
+  """Grouped-query attention over a cache layer. q [B,S,H,E]; k_t [B,K,E,T] (keys transposed);
+  v [B,K,T,E]; allowed [B,S,T] bool."""
+  B, S, H, E = q.shape
+  K = k_t.shape[1]
+  G = H // K
+  # Rows (g, s) of one KV head's queries form a plain [G*S, E] @ [E, T] matmul; in a decode step
+  # (S = 1) the transposes are free and XLA:CPU keeps both matmuls on its fast dot path.
+  qg = q.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
+  scores = jnp.einsum("bkqe,bket->bkqt", qg, k_t, preferred_element_type=jnp.float32)
+  scores = scores.reshape(B, K, G, S, -1) * (1.0 / math.sqrt(E))
+  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * S, -1)
+  out = jnp.einsum("bkqt,bkte->bkqe", probs, v)
+  return out.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H * E)
 
 
 # ----------------------------------------------------------------------------- forward
@@ -172,13 +229,16 @@ def forward(
   """Runs the decoder on a block of tokens.
 
   Args:
-    params: nested parameter dict (see `param_shapes`).
+    params: nested parameter dict (see `param_shapes`). Its "layers" may also be unstacked
+      (`unstack_layers`): they then run as an unrolled loop instead of a scan (the CPU decode
+      path; needs an unstacked cache).
     tokens: [B, S] int token ids.
     positions: [B, S] RoPE positions (for left-padded rows: cumsum(mask) - 1).
     config: the model's config (static).
     mask: [B, S] bool, False on padding. Defaults to all True.
-    cache: if given, this block is written to slots [cache_index, cache_index + S) and
-      attends to every valid earlier slot; the updated cache is returned.
+    cache: if given, this block is written to slots [cache_index, cache_index + S) (which must
+      fit: cache_index + S <= T) and attends to every valid slot up to its own; the updated
+      cache, stacked or per-layer like the one given, is returned.
     cache_index: first cache slot of this block (traced scalar).
     deltas: optional low-rank perturbations, a dict mirroring `params` with (a, b) pairs on
       matrices (layer matrices carry a leading L axis). See the module docstring.
@@ -191,21 +251,34 @@ def forward(
   c = config
   B, S = tokens.shape
   deltas = deltas or {}
-  layer_deltas = {k: v for k, v in deltas.get("layers", {}).items() if v is not None}
+  layers = params["layers"]
+  unrolled = isinstance(layers, (list, tuple))
+  layer_deltas = deltas.get("layers") or {}
+  if isinstance(layer_deltas, dict):
+    layer_deltas = {k: v for k, v in layer_deltas.items() if v is not None}
+    if unrolled:
+      layer_deltas = unstack_layers({"layers": layer_deltas})["layers"] if layer_deltas else ()
+  elif not unrolled:
+    raise ValueError("forward: unstacked layer deltas need unstacked layers (`unstack_layers`).")
+  if unrolled:
+    layer_deltas = [{k: v for k, v in d.items() if v is not None} for d in layer_deltas]
+    layer_deltas = layer_deltas or [{}] * len(layers)
   if mask is None:
     mask = jnp.ones((B, S), bool)
   inv_freq = rope_inv_freq(c)
   h = _embed(params, tokens, deltas, delta_scale).astype(c.jnp_dtype)
   q_slots = cache_index + jnp.arange(S)
   if cache is not None:
-    # Attend to [earlier cache slots, this block]. Unwritten slots are masked by cache.mask.
-    kv_mask = jnp.concatenate([cache.mask, mask], axis=1)  # [B, T + S]
-    kv_slots = jnp.concatenate([jnp.arange(cache.mask.shape[1]), q_slots])
+    # This block is written to the cache first, then attends to every valid slot up to itself.
+    kv_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache_index))  # [B, T]
+    kv_slots = jnp.arange(kv_mask.shape[1])
   else:
     kv_mask, kv_slots = mask, q_slots
+  allowed = kv_mask[:, None, :] & (kv_slots[None, None, :] <= q_slots[None, :, None])  # [B,S,T]
 
-  def layer(h, xs):
-    p, d, k_cache, v_cache = xs
+  def layer(h, p, d, write):
+    """One decoder layer. `write(k, v)` takes this block's keys and values ([B,S,K,E]) and
+    returns (keys, values to attend over, updated cache state)."""
     x = rms_norm(h, p["attn_norm"], c.norm_eps)
     q = _linear(x, p["wq"], d.get("wq"), delta_scale)
     k = _linear(x, p["wk"], d.get("wk"), delta_scale)
@@ -215,30 +288,72 @@ def forward(
     q = apply_rope(q.reshape(B, S, c.num_heads, c.head_dim), positions, inv_freq)
     k = apply_rope(k.reshape(B, S, c.num_kv_heads, c.head_dim), positions, inv_freq)
     v = v.reshape(B, S, c.num_kv_heads, c.head_dim)
-    keys, values = k, v
-    if k_cache is not None:
-      keys = jnp.concatenate([k_cache, k.astype(k_cache.dtype)], axis=1)
-      values = jnp.concatenate([v_cache, v.astype(v_cache.dtype)], axis=1)
-    attn = _attention(q, keys, values, q_slots, kv_slots, kv_mask)
+    keys, values, state = write(k, v)
+    attend = _attention if cache is None else _cached_attention
+    attn = attend(q, keys, values, allowed)
     h = h + _linear(attn, p["wo"], d.get("wo"), delta_scale)
     x = rms_norm(h, p["mlp_norm"], c.norm_eps)
     gate = _linear(x, p["w_gate"], d.get("w_gate"), delta_scale)
     up = _linear(x, p["w_up"], d.get("w_up"), delta_scale)
     h = h + _linear(jax.nn.silu(gate) * up, p["w_down"], d.get("w_down"), delta_scale)
-    return h, (k, v)
+    return h, state
 
-  # The cache is read layer by layer as a scan input and only this block's keys/values come
-  # out; one update-slice then writes them, so a decode step never copies the whole cache.
-  cache_kv = (None, None) if cache is None else (cache.k, cache.v)
-  h, (k_new, v_new) = jax.lax.scan(layer, h, (params["layers"], layer_deltas, *cache_kv))
+  def no_cache(k, v):
+    return k, v, None
+
+  def write_slots(k_cache, v_cache, k, v, lead=()):
+    """Writes the block at slot `cache_index` of k_cache [..., B, K, E, T] and v_cache
+    [..., B, K, T, E] (`lead` indexes the leading axes)."""
+    k_t = k.transpose(0, 2, 3, 1).reshape((1,) * len(lead) + (B, c.num_kv_heads, c.head_dim, S))
+    v = v.transpose(0, 2, 1, 3).reshape((1,) * len(lead) + (B, c.num_kv_heads, S, c.head_dim))
+    k_t, v = k_t.astype(k_cache.dtype), v.astype(v_cache.dtype)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k_t, (*lead, 0, 0, 0, cache_index))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (*lead, 0, 0, cache_index, 0))
+    return k_cache, v_cache
+
   new_cache = None
-  if cache is not None:
-    start = (0, 0, cache_index, 0, 0)
-    new_cache = KVCache(
-      k=jax.lax.dynamic_update_slice(cache.k, k_new.astype(cache.k.dtype), start),
-      v=jax.lax.dynamic_update_slice(cache.v, v_new.astype(cache.v.dtype), start),
-      mask=jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache_index)),
-    )
+  if unrolled:
+    # Per-layer weights and cache buffers: the matmuls read the weights in place and the cache
+    # writes are in place, so a decode step copies neither.
+    if cache is not None and not isinstance(cache.k, tuple):
+      raise ValueError("forward: unstacked layers need an unstacked cache (`unstack_cache`).")
+
+    def write_layer(i, k, v):
+      k_i, v_i = write_slots(cache.k[i], cache.v[i], k, v)
+      return k_i, v_i, (k_i, v_i)
+
+    new_k, new_v = [], []
+    for i, (p, d) in enumerate(zip(layers, layer_deltas, strict=True)):
+      write = no_cache if cache is None else functools.partial(write_layer, i)
+      h, state = layer(h, p, d, write)
+      if state is not None:
+        new_k.append(state[0])
+        new_v.append(state[1])
+    if cache is not None:
+      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=kv_mask)
+  elif cache is None:
+    h, _ = jax.lax.scan(lambda h, xs: (layer(h, *xs, no_cache)[0], None), h, (layers, layer_deltas))
+  else:
+    if isinstance(cache.k, tuple):
+      raise ValueError("forward: stacked layers need a stacked cache (`init_cache`).")
+
+    # The stacked cache rides in the scan carry: the block is written in place and only the
+    # running layer's slots are sliced out to attend over.
+    def scan_layer(carry, xs):
+      h, k_all, v_all = carry
+      p, d, i = xs
+
+      def write(k, v):
+        k_new, v_new = write_slots(k_all, v_all, k, v, lead=(i,))
+        return k_new[i], v_new[i], (k_new, v_new)
+
+      h, (k_all, v_all) = layer(h, p, d, write)
+      return (h, k_all, v_all), None
+
+    xs = (layers, layer_deltas, jnp.arange(c.num_layers))
+    (h, k_all, v_all), _ = jax.lax.scan(scan_layer, (h, cache.k, cache.v), xs)
+    new_cache = KVCache(k=k_all, v=v_all, mask=kv_mask)
+
   if last_only:
     h = h[:, -1:]
   h = rms_norm(h, params["final_norm"], c.norm_eps)

@@ -8,11 +8,14 @@ HF directory with `save_hf`; and a small random Llama) is decoded greedily by bo
 left-padded prompts, for exactly `new_tokens` tokens (EOS disabled in both so the work is equal).
 Prints tokens/s of each, the ratio, and whether the generated tokens are identical (fp32 on both
 sides; a greedy near-tie can flip a token late in a sequence, so the first mismatch is reported).
+Each line ends with the 1-minute load average: other processes on the CPUs slow both sides, and
+PyTorch's OpenMP threads much more than XLA's, so ratios measured on a busy machine are inflated.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 
@@ -95,7 +98,8 @@ def bench_one(name, model, tokenizer, batch, new_tokens, repeats, hf_dir):
   n = batch * new_tokens
   print(
     f"{name:8s} batch {batch:3d}: es_jax {n / t_ours:8.1f} tok/s  transformers "
-    f"{n / t_hf:8.1f} tok/s  ratio {t_hf / t_ours:5.2f}x  identical={same}{first}",
+    f"{n / t_hf:8.1f} tok/s  ratio {t_hf / t_ours:5.2f}x  identical={same}{first}  "
+    f"(load {os.getloadavg()[0]:.1f})",
     flush=True,
   )
   return t_hf / t_ours
@@ -113,7 +117,7 @@ def main(argv=None):
 
   print(
     f"jax {jax.__version__} on {jax.devices()[0].device_kind}; torch {torch.__version__} "
-    f"with {torch.get_num_threads()} threads"
+    f"with {torch.get_num_threads()} threads; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
   )
   for name in args.models.split(","):
     if name == "smollm2":
