@@ -110,11 +110,10 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
       lines = read_metrics(metrics_path)
       for key, dest in (("entropy/mean", entropy), ("fitness/mean", reward),
                         ("reward/mean", reward)):
-        pts = [(r["step"], r[key]) for r in lines if key in r and r[key] == r[key]]
-        if pts:
-          x, y = zip(*pts, strict=True)
+        series = train_lib.metric_series(lines, key)
+        if series:
           dest[f"{LABELS[name]} ({key.split('/')[0]})" if name in ("grpo_es", "es_grpo")
-               else LABELS[name]] = (x, y)
+               else LABELS[name]] = series
   figures = {}
   if curves:
     figures["pass_at_k"] = plots.plot_pass_at_k(curves, os.path.join(workdir, "pass_at_k.png"),

@@ -468,20 +468,21 @@ class Loop:
     return not self.stopped
 
 
+def metric_series(rows, key: str):
+  """(steps, values) of metric `key` over metrics.jsonl rows, NaNs left out; None if absent."""
+  pts = [(r["step"], r[key]) for r in rows if key in r and r[key] == r[key]]
+  return tuple(zip(*pts, strict=True)) if pts else None
+
+
 def train_metrics_plots(workdir: str) -> dict[str, str]:
   """reward.png and entropy.png (training curves) from workdir/metrics.jsonl."""
   rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
   out = {}
   for name, keys, ylabel in (
     ("reward", ("fitness/mean", "reward/mean"), "mean training reward"),
-    ("entropy", ("entropy/mean", "rollout/entropy"), "rollout token entropy (nats)"),
+    ("entropy", ("entropy/mean",), "rollout token entropy (nats)"),
   ):
-    series = {}
-    for key in keys:
-      pts = [(r["step"], r[key]) for r in rows if key in r and r[key] == r[key]]
-      if pts:
-        x, y = zip(*pts, strict=True)
-        series[key] = (x, y)
+    series = {key: s for key in keys if (s := metric_series(rows, key))}
     if series:
       out[name] = plots.plot_metric_over_steps(
         series, os.path.join(workdir, f"{name}.png"), ylabel=ylabel, title=name
@@ -525,8 +526,4 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, A
 
 def to_host(tree):
   return jax.tree.map(np.asarray, tree)
-
-
-def block(tree):
-  return jax.block_until_ready(tree)
 
