@@ -17,6 +17,7 @@ needs saving. A sequential run's second stage continues the stream where the fir
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -62,8 +63,13 @@ def run_keys(seed: int) -> dict[str, jax.Array]:
 # --- model ---
 
 
+@functools.cache
 def default_tokenizer():
-  """The bundled SmolLM2 tokenizer, read from the GGUF metadata without loading the weights."""
+  """The bundled SmolLM2 tokenizer, read from the GGUF metadata without loading the weights.
+
+  Cached per process (parsing the GGUF metadata takes seconds): callers share one tokenizer and
+  must not modify it.
+  """
   import gguf
 
   from es_jax.models import gguf_loader
