@@ -61,17 +61,20 @@ def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
   return out / jnp.float32(math.sqrt(rank))
 
 
-def _dense_direction(key_of, w_eff, leaf_index, shape, rank, low_rank_vectors):
+def _dense_direction(key_of, w_eff, leaf_index, shape):
   """``Σ_j w_j ε_j`` for one leaf with dense noise (any leaf in full rank, a vector leaf in low
-  rank), regenerating one member's noise at a time (fp32 accumulator)."""
+  rank): block by block (``noise.map_noise_blocks``), each block's noise regenerated member by
+  member into an fp32 accumulator, members summed in order. Memory: the output plus one block."""
 
-  def body(j, acc):
-    eps = noise_lib.leaf_noise(
-      key_of(j), leaf_index, shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=False
-    )
-    return acc + w_eff[j] * eps
+  def block(b, acc):  # acc [B]: this block of the sum
+    def member(j, acc):
+      key_leaf = jax.random.fold_in(key_of(j), leaf_index)
+      return acc + w_eff[j] * noise_lib.block_normal(key_leaf, b, acc.shape[0])
 
-  return jax.lax.fori_loop(0, w_eff.shape[0], body, jnp.zeros(shape, jnp.float32))
+    return jax.lax.fori_loop(0, w_eff.shape[0], member, acc)
+
+  flat = noise_lib.map_noise_blocks(jnp.zeros((math.prod(shape),), jnp.float32), block)
+  return flat.reshape(shape)
 
 
 def es_update_direction(
@@ -87,11 +90,11 @@ def es_update_direction(
   """``(1/N) Σ_i w_i ε_i`` in float32, a pytree like ``params``.
 
   ``ε_i`` is ``noise.member_noise(params, step_key, i, ...)`` (the noise member ``i`` was
-  evaluated with), regenerated leaf by leaf and member by member: memory is ``O(largest leaf)``
-  for full rank, never ``O(N x params)``. With ``antithetic=True`` a pair shares its noise, so
-  ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j`` and only ``N/2`` draws are made. Low-rank
-  matrices (``noise.is_matrix_leaf`` of the leaf's path, as for evaluation) are formed as one
-  matmul of the concatenated, weighted factors.
+  evaluated with), regenerated block by block and member by member: besides the output, memory
+  is ``O(noise.NOISE_BLOCK)`` for full rank, never ``O(N x params)``. With ``antithetic=True`` a
+  pair shares its noise, so ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j`` and only ``N/2``
+  draws are made. Low-rank matrices (``noise.is_matrix_leaf`` of the leaf's path, as for
+  evaluation) are formed as one matmul of the concatenated, weighted factors.
 
   Args:
     params: parameter pytree (only shapes are used).
@@ -128,12 +131,16 @@ def es_update_direction(
   out = []
   for l, (path, p) in enumerate(paths_leaves):
     shape = tuple(jnp.shape(p))
-    if rank is not None and noise_lib.is_matrix_leaf(path, shape):
+    kind = noise_lib.noise_kind(
+      shape, rank=rank, low_rank_vectors=low_rank_vectors,
+      is_matrix=noise_lib.is_matrix_leaf(path, shape),
+    )  # fmt: skip
+    if kind == "low_rank":
       d = _matrix_direction(key_of, w_eff, l, shape, rank)
-    elif rank is not None and low_rank_vectors == "frozen":
+    elif kind == "frozen":
       d = jnp.zeros(shape, jnp.float32)
     else:
-      d = _dense_direction(key_of, w_eff, l, shape, rank, low_rank_vectors)
+      d = _dense_direction(key_of, w_eff, l, shape)
     out.append(d * inv_n)
   return treedef.unflatten(out)
 

@@ -16,7 +16,13 @@ of the leaves after it.
 
 Per leaf of shape ``s`` (float32 always, whatever the parameter dtype):
 
-* full rank: ``eps = jax.random.normal(key_il, s)``, iid N(0, 1).
+* full rank: ``eps``, iid N(0, 1), drawn in blocks of the flattened leaf (``n`` entries,
+  ``B = min(NOISE_BLOCK, n)``, ``nb = ceil(n / B)`` blocks): block ``b`` is
+  ``jax.random.normal(fold_in(key_il, b), (B,))`` placed at ``s_b = min(b B, n - B)``, and it
+  supplies the entries from ``b B`` on (the last block, shifted back to fit, leaves the entries
+  before ``b B`` to block ``b - 1``). Every entry comes from exactly one (block key, offset), so the
+  entries stay iid. Blocks let every consumer (perturbation, the update's accumulation) work one
+  block at a time: their memory is ``O(NOISE_BLOCK)``, never a noise array the size of a leaf.
 * low rank ``r`` (EGGROLL, arXiv 2511.16652), matrix leaves (``is_matrix_leaf`` below): the last
   two dims are the matrix ``(m, n)`` and leading dims index independent matrices (a
   layer-stacked ``[L, m, n]`` weight gets independent factors per layer).
@@ -49,6 +55,10 @@ import jax
 import jax.numpy as jnp
 
 PRECISIONS = ("fp32", "bf16_faithful")
+# Entries per full-rank noise block (part of the noise definition: changing it changes the noise).
+# 2^16 float32 = 256 KiB: the generator's working set stays in cache on CPU, and a 135M-parameter
+# model is ~2k blocks, few enough loop steps for an accelerator.
+NOISE_BLOCK = 2**16
 LOW_RANK_VECTORS = ("full", "frozen")
 # Top-level keys whose leaves carry one leading stack axis (the transformer's stacked layers).
 STACKED_PREFIXES = ("layers",)
@@ -129,14 +139,69 @@ def member_key_and_sign(
   return member_key(step_key, i // 2), sign
 
 
-def _normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """float32 N(0, 1) of ``shape``, drawn flat then reshaped.
+def block_normal(key: jax.Array, b: int | jax.Array, size: int) -> jax.Array:
+  """Block ``b`` of the full-rank noise drawn from ``key`` (a leaf key): float32 ``[size]``.
 
-  Bit-identical to ``jax.random.normal(key, shape)`` for threefry, but drawing flat avoids XLA
-  constant-folding the multi-dimensional counter iotas, which made compiling a 3-D draw take
-  seconds on CPU (jax 0.10, ``jax_threefry_partitionable``).
+  Drawn flat: a multi-dimensional draw makes XLA constant-fold the counter iotas, which took
+  seconds to compile on CPU (jax 0.10, ``jax_threefry_partitionable``).
   """
-  return jax.random.normal(key, (math.prod(shape),), jnp.float32).reshape(shape)
+  return jax.random.normal(jax.random.fold_in(key, b), (size,), jnp.float32)
+
+
+def map_noise_blocks(flat: jax.Array, block_fn: Any) -> jax.Array:
+  """Applies ``block_fn(b, values) -> new values`` to each noise block of a flat ``[n]`` array.
+
+  The blocks are those of the full-rank noise (module docstring): ``values`` is the ``[B]``
+  slice at ``s_b``, and only the entries that block ``b`` supplies are replaced, so the result
+  combines ``flat`` with the noise entry by entry. Runs as a ``fori_loop`` updating ``flat`` in
+  place: besides the result, memory is ``O(B)``. ``block_fn`` draws its noise with
+  ``block_normal(leaf_key, b, B)``.
+  """
+  n = flat.shape[0]
+  if n == 0:
+    return flat
+  size = min(NOISE_BLOCK, n)
+  num_blocks = -(-n // size)
+  if num_blocks == 1:
+    return block_fn(0, flat)
+
+  def body(b, out):
+    start = jnp.minimum(b * size, n - size)
+    values = jax.lax.dynamic_slice(out, (start,), (size,))
+    new = block_fn(b, values)
+    if n % size:  # the last block overlaps its predecessor: keep the entries it does not supply
+      new = jnp.where(start + jnp.arange(size) < b * size, values, new)
+    return jax.lax.dynamic_update_slice(out, new, (start,))
+
+  return jax.lax.fori_loop(0, num_blocks, body, flat)
+
+
+def _normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """float32 N(0, 1) of ``shape``: the full-rank noise of a leaf from its leaf key."""
+  n = math.prod(shape)
+  return map_noise_blocks(
+    jnp.zeros((n,), jnp.float32), lambda b, v: block_normal(key, b, v.shape[0])
+  ).reshape(shape)
+
+
+def noise_kind(
+  shape: tuple[int, ...],
+  *,
+  rank: int | None = None,
+  low_rank_vectors: str = "full",
+  is_matrix: bool | None = None,
+) -> str:
+  """What noise a leaf gets: ``"dense"`` (full rank, or a vector in low rank), ``"low_rank"``
+  (``LowRankNoise`` factors) or ``"frozen"`` (zeros). See ``leaf_noise`` for the arguments."""
+  if rank is None:
+    return "dense"
+  if is_matrix is None:
+    is_matrix = is_matrix_leaf((), shape)
+  if is_matrix and len(shape) < 2:
+    raise ValueError(f"is_matrix=True for a leaf of shape {shape}: a matrix needs ndim >= 2.")
+  if is_matrix:
+    return "low_rank"
+  return "frozen" if low_rank_vectors == "frozen" else "dense"
 
 
 def leaf_noise(
@@ -165,16 +230,11 @@ def leaf_noise(
   """
   key_leaf = jax.random.fold_in(key, leaf_index)
   shape = tuple(shape)
-  if rank is None:
+  kind = noise_kind(shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
+  if kind == "dense":
     return _normal(key_leaf, shape)
-  if is_matrix is None:
-    is_matrix = is_matrix_leaf((), shape)
-  if is_matrix and len(shape) < 2:
-    raise ValueError(f"is_matrix=True for a leaf of shape {shape}: a matrix needs ndim >= 2.")
-  if not is_matrix:
-    if low_rank_vectors == "frozen":
-      return jnp.zeros(shape, jnp.float32)
-    return _normal(key_leaf, shape)
+  if kind == "frozen":
+    return jnp.zeros(shape, jnp.float32)
   *lead, m, n = shape
   key_a, key_b = jax.random.split(key_leaf)
   a = _normal(key_a, (*lead, m, rank))  # [..., m, r]
@@ -330,12 +390,34 @@ def perturb(
 ) -> Any:
   """``θ + σ ε`` with ``ε = sample_noise(params, key, ...)``, in the params' dtypes.
 
-  Low-rank noise is materialised here: use it for small models, tests and references; large
-  models consume ``LowRankNoise`` inside the forward pass instead. See ``apply_noise`` for
-  ``precision``.
+  Full-rank (dense) noise is added block by block as it is drawn (``map_noise_blocks``): besides
+  the result, memory is ``O(NOISE_BLOCK)``. Low-rank noise is materialised here: use it for small
+  models, tests and references; large models consume ``LowRankNoise`` inside the forward pass
+  instead. Equal to ``apply_noise(params, sample_noise(...), sigma)``; see it for ``precision``.
   """
-  noise = sample_noise(params, key, rank=rank, low_rank_vectors=low_rank_vectors)
-  return apply_noise(params, noise, sigma, precision=precision)
+  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+  sigma = jnp.asarray(sigma, jnp.float32)
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  out = []
+  for l, (path, p) in enumerate(paths_leaves):
+    p = jnp.asarray(p)
+    is_matrix = is_matrix_leaf(path, p.shape)
+    kind = noise_kind(p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
+    if kind == "dense":  # drawn and added one block at a time
+      key_leaf = jax.random.fold_in(key, l)
+      flat = map_noise_blocks(
+        p.reshape(-1),
+        lambda b, v, k=key_leaf: _add_leaf(v, block_normal(k, b, v.shape[0]), sigma, precision),
+      )
+      out.append(flat.reshape(p.shape))
+    else:
+      e = leaf_noise(
+        key, l, p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix
+      )
+      out.append(_add_leaf(p, materialize(e), sigma, precision))
+  return treedef.unflatten(out)
 
 
 def perturb_member(
@@ -349,8 +431,12 @@ def perturb_member(
   low_rank_vectors: str = "full",
   precision: str = "fp32",
 ) -> Any:
-  """``θ + σ ε_i`` for population member ``i`` (``member_noise``); ``i`` may be traced/vmapped."""
-  noise = member_noise(
-    params, step_key, i, antithetic=antithetic, rank=rank, low_rank_vectors=low_rank_vectors
-  )
-  return apply_noise(params, noise, sigma, precision=precision)
+  """``θ + σ ε_i`` for population member ``i`` (``member_noise``); ``i`` may be traced/vmapped.
+
+  Memory as ``perturb`` (the antithetic sign is folded into σ, which is exact).
+  """
+  key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
+  return perturb(
+    params, key, sign * jnp.asarray(sigma, jnp.float32), rank=rank,
+    low_rank_vectors=low_rank_vectors, precision=precision,
+  )  # fmt: skip

@@ -44,7 +44,7 @@ from es_jax import noise as noise_lib
 from es_jax import sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import LAYER_MATRICES
+from es_jax.models.transformer import LAYER_MATRICES, unstack_layers
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], Any]
 
@@ -157,6 +157,7 @@ def population_completions(
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   n_local = population_size // n_dev
   generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
+  unroll_layers = jax.default_backend() == "cpu"  # generate's default
 
   def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p):
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
@@ -173,24 +174,30 @@ def population_completions(
         params_i = noise_lib.perturb_member(
           params, step_key, i, sigma, antithetic=antithetic, precision=precision
         )
-        deltas = None
-      else:
-        params_i, deltas, _ = low_rank_member(
-          params,
-          step_key,
-          i,
-          sigma,
-          rank=rank,
-          antithetic=antithetic,
-          low_rank_vectors=low_rank_vectors,
-        )
+        if unroll_layers:
+          # Hand generate its unrolled per-layer form directly: a member then holds one copy of
+          # θ, not a stacked one plus generate's per-layer copy.
+          params_i = unstack_layers(params_i)
+        return params_i, None
+      params_i, deltas, _ = low_rank_member(
+        params,
+        step_key,
+        i,
+        sigma,
+        rank=rank,
+        antithetic=antithetic,
+        low_rank_vectors=low_rank_vectors,
+      )
       return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
 
     def generate_member(i, owned, deltas):
-      owned = iter(owned)
-      params_i = treedef.unflatten(
-        [next(owned) if o else x for x, o in zip(base, own, strict=True)]
-      )
+      if rank is None:
+        params_i = owned
+      else:
+        owned = iter(owned)
+        params_i = treedef.unflatten(
+          [next(owned) if o else x for x, o in zip(base, own, strict=True)]
+        )
       key_i = sample_key if share_sample_key else jax.random.fold_in(sample_key, i)
       return sampling.generate(
         params_i,

@@ -194,6 +194,11 @@ def _generate(
 ):
   B, S = prompt_ids.shape
   cache = init_cache(config, B, S + max_new_tokens)
+  # Layers given unstacked (`unstack_layers`, e.g. built so by the ES population, which then holds
+  # no stacked copy) run unrolled from the prefill on.
+  given_unstacked = isinstance(params["layers"], (tuple, list))
+  if given_unstacked:
+    cache = unstack_cache(cache)
   positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=-1) - 1, 0)
   logits, cache = forward(
     params,
@@ -207,7 +212,7 @@ def _generate(
     delta_scale=delta_scale,
     last_only=True,
   )
-  if unroll_layers:
+  if unroll_layers and not given_unstacked:
     # Decode over per-layer copies of the weights (made once here; the barrier keeps XLA from
     # sinking the slices back into the loop, where they would be redone every step).
     params, deltas = jax.lax.optimization_barrier(
@@ -304,7 +309,8 @@ def generate(
     unroll_layers: decode with per-layer copies of the weights in an unrolled layer loop
       (`es_jax.models.transformer.unstack_layers`) instead of scanning the stacked layers.
       Costs one copy of the layer weights per call and a longer compile; saves XLA:CPU copying
-      every layer's weights on every step. Default: on when running on CPU.
+      every layer's weights on every step. Default: on when running on CPU. Parameters whose
+      "layers" are already unstacked always run unrolled, without that copy.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from es_jax import noise
+from es_jax import es, noise
 
 # One tree (and few shapes) throughout: every distinct random shape costs an XLA compile.
 RANK = 4
@@ -24,8 +24,17 @@ def _stack(noises):
 
 
 def _normal(k, shape):
-  # The documented draw: flat, then reshaped (the same bits as jax.random.normal(k, shape)).
-  return jax.random.normal(k, (int(np.prod(shape)),), jnp.float32).reshape(shape)
+  """The documented full-rank draw, assembled block by block in numpy: block b is
+  normal(fold_in(k, b), [B]) placed at s_b = min(b B, n - B) and supplies entries b B on."""
+  n = int(np.prod(shape))
+  size = min(noise.NOISE_BLOCK, n)
+  out = np.full(n, np.nan, np.float32)
+  for b in range(-(-n // size)):
+    block = np.asarray(jax.random.normal(jax.random.fold_in(k, b), (size,), jnp.float32))
+    start = min(b * size, n - size)
+    out[b * size : start + size] = block[b * size - start :]
+  assert not np.isnan(out).any()
+  return out.reshape(shape)
 
 
 def test_member_key_and_leaf_key_contract(key):
@@ -45,8 +54,36 @@ def test_member_key_and_leaf_key_contract(key):
   np.testing.assert_array_equal(low["w"].a, _normal(key_a, (4, 32, RANK)))
   np.testing.assert_array_equal(low["w"].b, _normal(key_b, (4, 16, RANK)))
   np.testing.assert_array_equal(low["v"], eps["v"])
-  # Drawing flat is bit-identical to a shaped draw (checked in 2-D: 3-D draws compile slowly).
-  np.testing.assert_array_equal(_normal(k3, (128, 16)), jax.random.normal(k3, (128, 16)))
+
+
+def test_multi_block_leaf_follows_the_block_rule_in_every_consumer(key):
+  # 129 x 1024 = 2 full blocks + 1024 entries: the third block is shifted back to fit.
+  assert 129 * 1024 == 2 * noise.NOISE_BLOCK + 1024
+  params = {"big": jnp.full((129, 1024), 0.25, jnp.float32), "v": jnp.zeros((7,), jnp.float32)}
+  k = noise.member_key(key, 5)
+  want = _normal(jax.random.fold_in(k, 0), (129, 1024))
+  np.testing.assert_array_equal(noise.sample_noise(params, k)["big"], want)
+  # The blocks are distinct draws (no entry repeats its neighbour block's offset).
+  flat = want.reshape(-1)
+  assert not np.array_equal(
+    flat[: noise.NOISE_BLOCK], flat[noise.NOISE_BLOCK : 2 * noise.NOISE_BLOCK]
+  )
+  # perturb adds block by block as it draws: the same values as adding the materialised noise.
+  got = jax.jit(lambda p: noise.perturb_member(p, key, 5, 0.5))(params)
+  np.testing.assert_array_equal(got["big"], np.float32(0.25) + np.float32(0.5) * want)
+  # The update regenerates the blocks member by member: (1/N) sum_i w_i eps_i.
+  w = jnp.asarray([0.5, -1.0, 2.0])
+  direction = jax.jit(
+    lambda p: es.es_update_direction(p, w, key, population_size=3)
+  )(params)["big"]  # fmt: skip
+  explicit = (
+    sum(
+      float(w[i]) * _normal(jax.random.fold_in(noise.member_key(key, i), 0), (129, 1024))
+      for i in range(3)
+    )
+    / 3
+  )
+  np.testing.assert_allclose(direction, explicit, atol=1e-6)
 
 
 def test_regeneration_is_bit_identical_loop_and_jit_vmap(key):

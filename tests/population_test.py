@@ -193,7 +193,10 @@ def test_low_rank_member_hook_forward_equals_materialised(key, low_rank_vectors)
   got, _ = forward(params_i, ids, pos, config=CONFIG, mask=mask, deltas=deltas, delta_scale=scale)
   want, _ = forward(ref, ids, pos, config=CONFIG, mask=mask)
   base, _ = forward(params, ids, pos, config=CONFIG, mask=mask)
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # 1e-5 of the logit scale: the hook sums x W^T + c (x b) a^T in another order than the
+  # materialised x (W + c a b^T)^T, and with σ = 0.3 fp32 rounding reaches ~5e-6 of the scale.
+  scale_tol = 1e-5 * float(np.abs(np.asarray(want)).max())
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=scale_tol)
   assert np.max(np.abs(np.asarray(want) - np.asarray(base))) > 0.1
 
 

@@ -7,7 +7,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import torch_model
 
-from es_jax.models import forward, load_default, positions_from_mask
+from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import (
   _generate,
@@ -222,6 +222,8 @@ def test_decode_paths_agree(tiny):
     generate(p, ids, mask, temperature=0.0, unroll_layers=True, **kw),
     generate(p, ids, mask, temperature=jnp.float32(0.0), unroll_layers=True, **kw),
     generate(p, ids, mask, temperature=0.0, unroll_layers=False, **kw),
+    # Layers handed over unstacked (as the ES population does) run unrolled from the prefill on.
+    generate(unstack_layers(p), ids, mask, temperature=0.0, unroll_layers=False, **kw),
   ]
   for other in runs[1:]:
     np.testing.assert_array_equal(np.asarray(other.tokens), np.asarray(runs[0].tokens))

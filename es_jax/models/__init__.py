@@ -13,4 +13,6 @@ from es_jax.models.transformer import (
   params,
   positions_from_mask,
   set_params,
+  unstack_cache,
+  unstack_layers,
 )
