@@ -68,7 +68,7 @@ def _dense_direction(key_of, w_eff, leaf_index, shape):
 
   def block(b, acc):  # acc [B]: this block of the sum
     def member(j, acc):
-      key_leaf = jax.random.fold_in(key_of(j), leaf_index)
+      key_leaf = noise_lib.leaf_key(key_of(j), leaf_index)
       return acc + w_eff[j] * noise_lib.block_normal(key_leaf, b, acc.shape[0])
 
     return jax.lax.fori_loop(0, w_eff.shape[0], member, acc)

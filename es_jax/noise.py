@@ -139,6 +139,11 @@ def member_key_and_sign(
   return member_key(step_key, i // 2), sign
 
 
+def leaf_key(key: jax.Array, leaf_index: int) -> jax.Array:
+  """Key of leaf ``leaf_index`` (stable leaf order) from a member key: ``fold_in(key, l)``."""
+  return jax.random.fold_in(key, leaf_index)
+
+
 def block_normal(key: jax.Array, b: int | jax.Array, size: int) -> jax.Array:
   """Block ``b`` of the full-rank noise drawn from ``key`` (a leaf key): float32 ``[size]``.
 
@@ -228,7 +233,7 @@ def leaf_noise(
   Returns:
     A float32 array of ``shape``, or ``LowRankNoise`` for matrix leaves in low rank.
   """
-  key_leaf = jax.random.fold_in(key, leaf_index)
+  key_leaf = leaf_key(key, leaf_index)
   shape = tuple(shape)
   kind = noise_kind(shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
   if kind == "dense":
@@ -406,7 +411,7 @@ def perturb(
     is_matrix = is_matrix_leaf(path, p.shape)
     kind = noise_kind(p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
     if kind == "dense":  # drawn and added one block at a time
-      key_leaf = jax.random.fold_in(key, l)
+      key_leaf = leaf_key(key, l)
       flat = map_noise_blocks(
         p.reshape(-1),
         lambda b, v, k=key_leaf: _add_leaf(v, block_normal(k, b, v.shape[0]), sigma, precision),

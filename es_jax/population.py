@@ -157,7 +157,7 @@ def population_completions(
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   n_local = population_size // n_dev
   generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
-  unroll_layers = jax.default_backend() == "cpu"  # generate's default
+  unroll_layers = sampling.default_unroll_layers()
 
   def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p):
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local

