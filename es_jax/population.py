@@ -12,7 +12,10 @@ One ES evaluation (PAPER.md §1, DESIGN.md "Data flow")::
 (``es_jax.es.es_gradient``) regenerates, so evaluation and update see identical noise. Nothing
 random is stored and no ``[N, num_params]`` array exists. Within a chunk the noise is drawn one
 member at a time (``lax.map``, like the update), so it stays bit-identical for every PRNG
-implementation (``rbg`` draws differ under ``vmap``); only the generation is vmapped.
+implementation (``rbg`` draws differ under ``vmap``). A chunk's members then decode together
+(``sampling.generate_members``): one decode loop over the chunk's ``M x P`` rows in which only the
+model call is vmapped over members, so shared weights are one matmul for every row and the loop's
+stopping test stays unbatched.
 
 * Full rank: each member's ``θ + σ ε_i`` is materialised inside its chunk only; device memory is
   ``O(params x (M + 1))``.
@@ -190,36 +193,56 @@ def population_completions(
       )
       return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
 
-    def generate_member(i, owned, deltas):
+    def member_params(owned, axis):
+      """The member's params (axis None) or the chunk's (axis 0), with the in_axes tree."""
       if rank is None:
-        params_i = owned
-      else:
-        owned = iter(owned)
-        params_i = treedef.unflatten(
-          [next(owned) if o else x for x, o in zip(base, own, strict=True)]
-        )
-      key_i = sample_key if share_sample_key else jax.random.fold_in(sample_key, i)
-      return sampling.generate(
-        params_i,
-        prompt_ids,
-        prompt_mask,
-        key=key_i,
-        **generate_kw,
-        temperature=temperature,
-        top_p=top_p if use_top_p else None,
-        deltas=deltas,
-        delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
+        return owned, jax.tree.map(lambda _: axis, owned)
+      owned = iter(owned)
+      params_i = treedef.unflatten(
+        [next(owned) if o else x for x, o in zip(base, own, strict=True)]
       )
+      return params_i, treedef.unflatten([axis if o else None for o in own])
+
+    decode_kw = dict(
+      **generate_kw,
+      temperature=temperature,
+      top_p=top_p if use_top_p else None,
+      delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
+    )
+
+    def sample_keys(members):
+      if share_sample_key:
+        return jnp.broadcast_to(sample_key, members.shape)
+      return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(sample_key, members)
 
     def chunk(members):  # [M]
-      if members_per_chunk == 1:
-        # No vmap: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
-        i = members[0]
-        return jax.tree.map(lambda x: x[None], generate_member(i, *member_inputs(i)))
       # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
-      # PRNG implementation; vmap is not for rbg), then one vmapped generation for the chunk.
+      # PRNG implementation; vmap is not for rbg).
+      if members_per_chunk == 1:
+        # No member axis: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
+        owned, deltas = member_inputs(members[0])
+        out = sampling.generate(
+          member_params(owned, None)[0],
+          prompt_ids,
+          prompt_mask,
+          key=sample_keys(members)[0],
+          deltas=deltas,
+          **decode_kw,
+        )
+        return jax.tree.map(lambda x: x[None], out)
       owned, deltas = jax.lax.map(member_inputs, members)
-      return jax.vmap(generate_member)(members, owned, deltas)
+      params_m, params_axes = member_params(owned, 0)
+      # One decode loop over the chunk's M x P rows; the model call is vmapped over members.
+      return sampling.generate_members(
+        params_m,
+        prompt_ids,
+        prompt_mask,
+        keys=sample_keys(members),
+        params_axes=params_axes,
+        deltas=deltas,
+        deltas_axes=None if deltas is None else jax.tree.map(lambda _: 0, deltas),
+        **decode_kw,
+      )
 
     # A scan over chunks: one chunk's perturbed weights live at a time.
     out = jax.lax.map(chunk, members.reshape(-1, members_per_chunk))  # leaves [C, M, P, ...]

@@ -166,6 +166,30 @@ def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
   return jnp.where(temperature > 0, sampled, greedy)
 
 
+def _split_axes(axes):
+  """A (hashable) static form of a vmap in_axes tree whose leaves are 0 or None."""
+  leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda a: a is None)
+  return tuple(leaves), treedef
+
+
+def _unstack_member_layers(tree, axes, num_layers: int):
+  """`unstack_layers` for a tree whose per-member leaves (axes leaf 0) carry a leading member
+  axis before the layer axis; shared leaves (axes leaf None) are sliced on their first axis.
+
+  Returns the unstacked tree and its in_axes tree.
+  """
+  if tree is None or not isinstance(tree.get("layers"), dict):
+    return tree, axes
+  layers, layer_axes = tree["layers"], axes["layers"]
+
+  def layer(i):
+    take = lambda a, x: x[i] if a is None else x[:, i]  # noqa: E731
+    return jax.tree.map(take, layer_axes, layers, is_leaf=lambda a: a is None)
+
+  unstacked = tuple(layer(i) for i in range(num_layers))
+  return {**tree, "layers": unstacked}, {**axes, "layers": (layer_axes,) * num_layers}
+
+
 @functools.partial(
   jax.jit,
   # Static: shapes and the model structure decide the compiled program.
@@ -177,6 +201,7 @@ def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
     "pad_id",
     "greedy",
     "unroll_layers",
+    "member_axes",
   ),
 )
 def _generate(
@@ -186,9 +211,9 @@ def _generate(
   prompt_ids,
   prompt_mask,
   key,
+  *,
   temperature,
   top_p,
-  *,
   config: ModelConfig,
   max_new_tokens: int,
   eos_ids: tuple[int, ...],
@@ -196,34 +221,66 @@ def _generate(
   pad_id: int,
   greedy: bool,
   unroll_layers: bool,
+  member_axes=None,
 ):
-  B, S = prompt_ids.shape
-  cache = init_cache(config, B, S + max_new_tokens)
+  """The decode loop of `generate` and, with `member_axes`, of `generate_members`.
+
+  Member mode: prompt_ids/prompt_mask are [M, P, S], `key` holds M keys, and `member_axes` is
+  `(_split_axes(params_axes), _split_axes(deltas_axes))`. The loop runs over the M * P rows as
+  one batch (one unbatched while loop: a vmapped loop would carry a per-row predicate and select
+  the whole KV cache every step); only the model call is vmapped over the members.
+  """
+  if member_axes is None:
+    members = None
+    B, S = prompt_ids.shape
+    cache = init_cache(config, B, S + max_new_tokens)
+    axes = (None, None)
+  else:
+    members, P, S = prompt_ids.shape
+    B = members * P
+    prompt_ids, prompt_mask = prompt_ids.reshape(B, S), prompt_mask.reshape(B, S)
+    axes = tuple(treedef.unflatten(leaves) for leaves, treedef in member_axes)
+    cache = jax.vmap(lambda _: init_cache(config, P, S + max_new_tokens))(jnp.arange(members))
+
+  def model(params, deltas, axes, tokens, positions, mask, cache, cache_index, last_only=False):
+    kw = dict(config=config, cache_index=cache_index, delta_scale=delta_scale, last_only=last_only)
+    if members is None:
+      return forward(params, tokens, positions, mask=mask, cache=cache, deltas=deltas, **kw)
+
+    def one(p, d, tok, pos, m, c):
+      return forward(p, tok, pos, mask=m, cache=c, deltas=d, **kw)
+
+    split = lambda x: x.reshape(members, -1, *x.shape[1:])  # noqa: E731
+    logits, cache = jax.vmap(one, in_axes=(*axes, 0, 0, 0, 0))(
+      params, deltas, split(tokens), split(positions), split(mask), cache
+    )
+    return logits.reshape(B, *logits.shape[2:]), cache
+
+  def unstacked(cache):
+    return unstack_cache(cache) if members is None else jax.vmap(unstack_cache)(cache)
+
   # Layers given unstacked (`unstack_layers`, e.g. built so by the ES population, which then holds
   # no stacked copy) run unrolled from the prefill on.
   given_unstacked = isinstance(params["layers"], (tuple, list))
   if given_unstacked:
-    cache = unstack_cache(cache)
+    cache = unstacked(cache)
   positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=-1) - 1, 0)
-  logits, cache = forward(
-    params,
-    prompt_ids,
-    positions,
-    config=config,
-    mask=prompt_mask,
-    cache=cache,
-    cache_index=0,
-    deltas=deltas,
-    delta_scale=delta_scale,
-    last_only=True,
+  logits, cache = model(
+    params, deltas, axes, prompt_ids, positions, prompt_mask, cache, 0, last_only=True
   )
   if unroll_layers and not given_unstacked:
     # Decode over per-layer copies of the weights (made once here; the barrier keeps XLA from
     # sinking the slices back into the loop, where they would be redone every step).
-    params, deltas = jax.lax.optimization_barrier(
-      (unstack_layers(params), None if deltas is None else unstack_layers(deltas))
-    )
-    cache = unstack_cache(cache)
+    if members is None:
+      params, deltas = unstack_layers(params), None if deltas is None else unstack_layers(deltas)
+    else:
+      (params, p_axes), (deltas, d_axes) = (
+        _unstack_member_layers(params, axes[0], config.num_layers),
+        _unstack_member_layers(deltas, axes[1], config.num_layers),
+      )
+      axes = (p_axes, d_axes)
+    params, deltas = jax.lax.optimization_barrier((params, deltas))
+    cache = unstacked(cache)
   prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [B]
   eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
 
@@ -235,14 +292,22 @@ def _generate(
     lengths=jnp.zeros((B,), jnp.int32),
   )
 
+  def pick(t, logits):
+    """Step t's tokens from logits [B, V]: each member samples with fold_in(its key, t)."""
+    if greedy:
+      return argmax(logits)
+    sample = functools.partial(
+      sample_token, temperature=temperature, top_p=top_p, use_top_p=use_top_p
+    )
+    if members is None:
+      return sample(logits, jax.random.fold_in(key, t))
+    keys_t = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, t)
+    return jax.vmap(sample)(logits.reshape(members, P, -1), keys_t).reshape(B)
+
   def emit(t, logits, done, out):
     """Picks step t's tokens from logits [B, 1, V] and records them."""
     logits = logits[:, -1]  # [B, V]
-    if greedy:
-      tok = argmax(logits)
-    else:
-      key_t = jax.random.fold_in(key, t)
-      tok = sample_token(logits, key_t, temperature, top_p, use_top_p=use_top_p)
+    tok = pick(t, logits)
     logp, ent = logprob_and_entropy(logits, tok)
     live = ~done
     tok = jnp.where(live, tok, pad_id)
@@ -262,21 +327,22 @@ def _generate(
   def body(state):
     # Feed step t-1's tokens, then emit step t's: max_new_tokens - 1 forwards after the prefill.
     t, cache, tok, live, done, out = state
-    logits, cache = forward(
+    logits, cache = model(
       params,
+      deltas,
+      axes,
       tok[:, None],
       (prompt_len + t - 1)[:, None],
-      config=config,
-      mask=live[:, None],
-      cache=cache,
-      cache_index=S + t - 1,
-      deltas=deltas,
-      delta_scale=delta_scale,
+      live[:, None],
+      cache,
+      S + t - 1,
     )
     return t + 1, cache, *emit(t, logits, done, out)
 
   tok, live, done, out = emit(0, logits, jnp.zeros((B,), bool), out)
   *_, out = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, tok, live, done, out))
+  if members is not None:
+    out = jax.tree.map(lambda x: x.reshape(members, P, *x.shape[1:]), out)
   return out
 
 
@@ -334,10 +400,6 @@ def generate(
       f"generate: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be "
       "equal [batch, length] shapes."
     )
-  use_top_p = top_p is not None and not (isinstance(top_p, (int, float)) and top_p >= 1.0)
-  greedy = isinstance(temperature, (int, float, np.number)) and float(temperature) == 0.0
-  if unroll_layers is None:
-    unroll_layers = default_unroll_layers()
   return _generate(
     params_or_model,
     deltas,
@@ -345,13 +407,91 @@ def generate(
     prompt_ids,
     prompt_mask,
     key,
-    jnp.asarray(temperature, jnp.float32),
-    jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
     config=config,
+    **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
+  )
+
+
+def _decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers) -> dict:
+  """`_generate`'s sampling arguments, normalised (static switches as Python values)."""
+  use_top_p = top_p is not None and not (isinstance(top_p, (int, float)) and top_p >= 1.0)
+  greedy = isinstance(temperature, (int, float, np.number)) and float(temperature) == 0.0
+  if unroll_layers is None:
+    unroll_layers = default_unroll_layers()
+  return dict(
+    temperature=jnp.asarray(temperature, jnp.float32),
+    top_p=jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
     max_new_tokens=int(max_new_tokens),
     eos_ids=tuple(int(e) for e in eos_ids),
     use_top_p=use_top_p and not greedy,
     pad_id=int(pad_id),
     greedy=greedy,
     unroll_layers=bool(unroll_layers),
+  )
+
+
+def generate_members(
+  params: Params,
+  prompt_ids,
+  prompt_mask,
+  *,
+  keys: jax.Array,
+  params_axes: Params,
+  max_new_tokens: int,
+  config: ModelConfig,
+  deltas: Params | None = None,
+  deltas_axes: Params | None = None,
+  delta_scale: float | jax.Array | None = None,
+  temperature: float | jax.Array = 0.0,
+  top_p: float | jax.Array | None = None,
+  eos_ids: Sequence[int] = (),
+  pad_id: int = 0,
+  unroll_layers: bool | None = None,
+) -> Completions:
+  """Samples the same prompts from M models at once (an ES population's members).
+
+  Member i's model is `params` (and `deltas`) with every leaf that `params_axes` (`deltas_axes`)
+  marks 0 indexed at [i] on its leading member axis; leaves marked None are shared by all
+  members, as with `jax.vmap`'s in_axes (here given leaf by leaf, as full trees of 0 / None).
+  Member i decodes with `keys[i]` exactly as `generate(member_i, prompt_ids, prompt_mask,
+  key=keys[i], ...)` does (the same tokens; logprobs equal up to float rounding), but all
+  M x P rows run as one batch in one decode loop: only the model call is vmapped over members.
+  (`jax.vmap(generate)` would batch the loop's stopping test, which then selects the whole KV
+  cache on every step.) Shared matrices are one matmul for all rows; low-rank `deltas` add each
+  member's own term (see `es_jax.models.forward`).
+
+  Args:
+    params, deltas, delta_scale: as for `generate` (params may have unstacked layers), with the
+      member axes described above.
+    prompt_ids, prompt_mask: [P, S], the same prompts for every member.
+    keys: [M] PRNG keys, one per member (M is the number of members).
+    params_axes, deltas_axes: 0 (per member) or None (shared) for every leaf of params / deltas.
+    Others: as for `generate`.
+
+  Returns:
+    Completions with leaves [M, P, ...].
+  """
+  if max_new_tokens < 1:
+    raise ValueError(f"generate_members: max_new_tokens must be >= 1, got {max_new_tokens}.")
+  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+  prompt_mask = jnp.asarray(prompt_mask, bool)
+  if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
+    raise ValueError(
+      f"generate_members: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} "
+      "must be equal [prompts, length] shapes."
+    )
+  if (deltas is None) != (deltas_axes is None):
+    raise ValueError("generate_members: pass deltas and deltas_axes together.")
+  members = keys.shape[0]
+  shape = (members, *prompt_ids.shape)
+  return _generate(
+    params,
+    deltas,
+    delta_scale,
+    jnp.broadcast_to(prompt_ids, shape),
+    jnp.broadcast_to(prompt_mask, shape),
+    keys,
+    config=config,
+    member_axes=(_split_axes(params_axes), _split_axes(deltas_axes)),
+    **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
   )

@@ -15,6 +15,7 @@ from es_jax.sampling import (
   _nucleus_threshold,
   argmax,
   generate,
+  generate_members,
   logprob_and_entropy,
   pad_prompts,
   sample_token,
@@ -263,6 +264,104 @@ def test_vmap_over_params_equals_individual_calls(tiny):
     np.testing.assert_allclose(
       np.asarray(batched.logprobs[i]), np.asarray(single.logprobs), atol=1e-5
     )
+
+
+@pytest.mark.parametrize("unroll_layers", [True, False])
+def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
+  """M models decoded as one batch (shared and per-member leaves, per-member low-rank deltas,
+  per-member keys, sampled with top-p and an EOS some rows hit early) equal one `generate` call
+  per member."""
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  M = 3
+  keys = iter(jax.random.split(jax.random.key(11), 16))
+  scales = jnp.array([1.0, 1.1, 0.9])
+  # Per member: wq, final_norm and the layer norms; the rest is shared.
+  own = {"wq", "attn_norm"}
+  params = {
+    **p,
+    "final_norm": scales[:, None] * p["final_norm"],
+    "layers": {
+      k: (scales.reshape(M, 1, 1, *([1] * (v.ndim - 2))) * v if k in own else v)
+      for k, v in p["layers"].items()
+    },
+  }
+  params_axes = jax.tree.map(lambda _: None, p)
+  params_axes["final_norm"] = 0
+  params_axes["layers"] = {k: (0 if k in own else None) for k in p["layers"]}
+
+  def factors(w):
+    return (
+      jax.random.normal(next(keys), (M, *w.shape[:-1], 2)),
+      jax.random.normal(next(keys), (M, *w.shape[:-2], w.shape[-1], 2)),
+    )
+
+  deltas = {"embed": factors(p["embed"]), "layers": {k: factors(p["layers"][k]) for k in ("wv",)}}
+  member_keys = jax.random.split(jax.random.key(3), M)
+  kw = dict(config=cfg, max_new_tokens=8, temperature=1.0, top_p=0.9, pad_id=7)
+  kw.update(delta_scale=0.05, unroll_layers=unroll_layers)
+
+  def member(tree, axes, i):
+    return jax.tree.map(
+      lambda a, x: x if a is None else x[i], axes, tree, is_leaf=lambda a: a is None
+    )
+
+  def single(i, **extra):
+    return generate(
+      member(params, params_axes, i),
+      ids,
+      mask,
+      key=member_keys[i],
+      deltas=jax.tree.map(lambda x: x[i], deltas),
+      **kw,
+      **extra,
+    )
+
+  eos = int(single(1).tokens[0, 2])  # member 1's row 0 stops after step 2
+  together = generate_members(
+    params,
+    ids,
+    mask,
+    keys=member_keys,
+    params_axes=params_axes,
+    deltas=deltas,
+    deltas_axes=jax.tree.map(lambda _: 0, deltas),
+    eos_ids=[eos],
+    **kw,
+  )
+  assert together.tokens.shape == (M, *np.asarray(ids).shape[:1], 8)
+  assert int(together.lengths[1, 0]) == 3
+  for i in range(M):
+    ref = single(i, eos_ids=[eos])
+    np.testing.assert_array_equal(np.asarray(together.tokens[i]), np.asarray(ref.tokens))
+    np.testing.assert_array_equal(np.asarray(together.mask[i]), np.asarray(ref.mask))
+    np.testing.assert_array_equal(np.asarray(together.lengths[i]), np.asarray(ref.lengths))
+    np.testing.assert_allclose(
+      np.asarray(together.logprobs[i]), np.asarray(ref.logprobs), atol=1e-5
+    )
+    np.testing.assert_allclose(np.asarray(together.entropy[i]), np.asarray(ref.entropy), atol=1e-5)
+  assert not np.array_equal(np.asarray(together.tokens[0]), np.asarray(together.tokens[2]))
+
+  # Every leaf per member, layers handed over unstacked (the full-rank population's form).
+  full = jax.tree.map(
+    lambda a, x: x if a == 0 else jnp.stack([x] * M),
+    params_axes,
+    params,
+    is_leaf=lambda a: a is None,
+  )
+  unstacked = jax.vmap(unstack_layers)(full)
+  got = generate_members(
+    unstacked,
+    ids,
+    mask,
+    keys=member_keys,
+    params_axes=jax.tree.map(lambda _: 0, unstacked),
+    deltas=deltas,
+    deltas_axes=jax.tree.map(lambda _: 0, deltas),
+    **kw,
+  )
+  for i in range(M):
+    np.testing.assert_array_equal(np.asarray(got.tokens[i]), np.asarray(single(i).tokens))
 
 
 def test_prompt_batch_sharded_over_devices_equals_single_device(tiny):

@@ -153,11 +153,16 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
 
 
+def _low_rank(x, a, b):
+  """(x @ a) @ b.T for x [..., m], a [m, R], b [n, R]."""
+  return (x @ a.astype(x.dtype)) @ b.T.astype(x.dtype)
+
+
 def _linear(x, w, delta=None, scale=None):
   y = x @ w
   if delta is not None:
     a, b = delta  # [m, R], [n, R]
-    y = y + (scale * ((x @ a.astype(x.dtype)) @ b.T.astype(x.dtype))).astype(y.dtype)
+    y = y + (scale * _low_rank(x, a, b)).astype(y.dtype)
   return y
 
 
@@ -175,7 +180,7 @@ def _unembed(params: Params, h: jax.Array, deltas: Params, scale) -> jax.Array:
   logits = h @ params["embed"].T
   if deltas.get("embed") is not None:
     a, b = deltas["embed"]  # tied head: h @ (W + c a bᵀ)ᵀ = h Wᵀ + c (h b) aᵀ
-    logits = logits + (scale * ((h @ b.astype(h.dtype)) @ a.T.astype(h.dtype))).astype(h.dtype)
+    logits = logits + (scale * _low_rank(h, b, a)).astype(h.dtype)
   return logits
 
 
