@@ -3,8 +3,10 @@
 One compile per (batch, prompt length, max_new_tokens, eos set, top-p on/off, greedy): temperature
 and top-p values are traced, so sweeping them does not recompile; `pad_prompts` buckets prompt
 lengths so new batches reuse compiled code. `generate` works under `jax.vmap` over a leading
-params (or low-rank delta) axis, which is how ES evaluates many perturbed models at once, and
-with the prompt batch sharded over devices (jit follows the input sharding).
+params (or low-rank delta) axis and with the prompt batch sharded over devices (jit follows the
+input sharding). `generate_members` is the faster form of that vmap for many models on the same
+prompts (an ES population's members): one decode loop over all members' rows, with only the model
+call vmapped over members.
 """
 
 from __future__ import annotations
@@ -170,6 +172,30 @@ def _split_axes(axes):
   """A (hashable) static form of a vmap in_axes tree whose leaves are 0 or None."""
   leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda a: a is None)
   return tuple(leaves), treedef
+
+
+def _check_member_axes(name: str, tree, axes, members: int) -> None:
+  """Raises ValueError unless `axes` gives 0 or None for every leaf (or subtree, as a vmap
+  in_axes prefix) of `tree` and every array marked 0 has `members` rows."""
+  if tree is None:
+    return
+  axes_paths, axes_def = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: a is None)
+  try:
+    subtrees = axes_def.flatten_up_to(tree)
+  except (ValueError, TypeError) as e:
+    raise ValueError(
+      f"generate_members: {name}_axes must mirror {name} with 0 or None per leaf ({e})."
+    ) from None
+  for (path, a), sub in zip(axes_paths, subtrees, strict=True):
+    where = f"{name}{jax.tree_util.keystr(path)}"
+    if a is not None and (isinstance(a, bool) or a != 0):
+      raise ValueError(f"generate_members: {name}_axes at {where} is {a!r}; use 0 or None.")
+    for x in jax.tree.leaves(sub) if a == 0 else ():
+      if jnp.ndim(x) == 0 or jnp.shape(x)[0] != members:
+        raise ValueError(
+          f"generate_members: {where} has shape {jnp.shape(x)} but is marked per member: its "
+          f"leading axis must be the {members} members (len(keys))."
+        )
 
 
 def _unstack_member_layers(tree, axes, num_layers: int):
@@ -482,7 +508,11 @@ def generate_members(
     )
   if (deltas is None) != (deltas_axes is None):
     raise ValueError("generate_members: pass deltas and deltas_axes together.")
+  if keys.ndim != 1:
+    raise ValueError(f"generate_members: keys must be [M] (one per member), got {keys.shape}.")
   members = keys.shape[0]
+  for name, tree, axes in (("params", params, params_axes), ("deltas", deltas, deltas_axes)):
+    _check_member_axes(name, tree, axes, members)
   shape = (members, *prompt_ids.shape)
   return _generate(
     params,

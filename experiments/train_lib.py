@@ -49,8 +49,12 @@ def check(cond: bool, field: str, value: Any, need: str) -> None:
 
 
 def positive_int(value: Any, field: str) -> int:
-  check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, field, value,
-        "need an int >= 1")
+  check(
+    isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+    field,
+    value,
+    "need an int >= 1",
+  )
   return int(value)
 
 
@@ -174,14 +178,23 @@ class Evaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
     ev = config.eval
-    for name in ("limit", "num_samples", "max_new_tokens", "batch_size", "periodic_limit",
-                 "periodic_num_samples"):
+    for name in (
+      "limit",
+      "num_samples",
+      "max_new_tokens",
+      "batch_size",
+      "periodic_limit",
+      "periodic_num_samples",
+    ):
       positive_int(ev[name], f"eval.{name}")
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
     self.examples = load_examples(ev, "eval")
     self.task = ev.task
-    self.label = ev.task.replace("/", "_")
+    self.label = task_label(ev.task)
+    # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
+    # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
+    self.extra = extra_eval_tasks(ev, taken={self.label})
 
   def _kwargs(self, num_samples: int) -> dict[str, Any]:
     ev = self.config
@@ -209,7 +222,12 @@ class Evaluator:
     count = min(self.config.periodic_limit, len(self.examples))
     examples = [self.examples[i] for i in range(count)]
     summary = evaluate.evaluate_model(
-      params, model_config, self.tokenizer, examples, task=self.task, label=self.label,
+      params,
+      model_config,
+      self.tokenizer,
+      examples,
+      task=self.task,
+      label=self.label,
       **self._kwargs(n),
     )
     return flat_summary(summary, prefix="eval/")
@@ -221,10 +239,57 @@ class Evaluator:
       params,
       model_config,
       self.tokenizer,
-      [evaluate.TaskSpec(self.label, self.task, self.examples)],
+      [evaluate.TaskSpec(self.label, self.task, self.examples), *self.extra],
       out_dir=out_dir,
       **self._kwargs(n),
     )
+
+
+def task_label(task: str) -> str:
+  """A task's label in evaluation files and tables (its name, "/" replaced)."""
+  return task.replace("/", "_")
+
+
+EXTRA_TASK_FIELDS = ("task", "split", "limit", "task_config", "data_dir", "source_dir", "label")
+
+
+def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate.TaskSpec]:
+  """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
+  of split, limit, data_dir (default: eval's), task_config, source_dir, label (default: none /
+  the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
+  entries = ev.get("extra_tasks") or ()
+  check(
+    isinstance(entries, (list, tuple)),
+    "eval.extra_tasks",
+    entries,
+    "give a list of task names or {task, split, limit, ...} dicts",
+  )
+  specs = []
+  for i, entry in enumerate(entries):
+    field = f"eval.extra_tasks[{i}]"
+    entry = {"task": entry} if isinstance(entry, str) else entry
+    check(isinstance(entry, Mapping), field, entry, "give a task name or a dict with 'task'")
+    entry = dict(entry)
+    unknown = sorted(set(entry) - set(EXTRA_TASK_FIELDS))
+    check(not unknown, field, entry, f"unknown keys {unknown}; use {list(EXTRA_TASK_FIELDS)}")
+    section = {
+      "split": ev.get("split"),
+      "limit": ev.get("limit"),
+      "data_dir": ev.get("data_dir"),
+      **entry,
+    }
+    task = section.get("task")
+    check(isinstance(task, str) and bool(task), f"{field}.task", task, "name the task")
+    label = section.get("label") or task_label(task)
+    check(
+      label not in taken,
+      f"{field}.label",
+      label,
+      "labels must be unique (the main eval task's included): set 'label'",
+    )
+    taken.add(label)
+    specs.append(evaluate.TaskSpec(label, task, load_examples(section, field)))
+  return specs
 
 
 def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
@@ -377,8 +442,10 @@ class Loop:
     )
     self.run_key = jax.random.key(int(ctx.config.seed))
     restored = self.ckpt.restore_or_none(abstract_state=state)
-    if restored is not None and restored.key is not None and not np.array_equal(
-      jax.random.key_data(restored.key), jax.random.key_data(self.run_key)
+    if (
+      restored is not None
+      and restored.key is not None
+      and not np.array_equal(jax.random.key_data(restored.key), jax.random.key_data(self.run_key))
     ):
       raise ValueError(
         f"config.seed={ctx.config.seed} does not give the run key saved in {stage.ckpt_dir}: "
@@ -398,8 +465,12 @@ class Loop:
       resume = stage.offset
     else:
       self.state, self.start = restored.state, int(restored.meta["step"])
-      check(self.start <= stage.num_steps, f"{stage.name}.num_steps", stage.num_steps,
-            f"the checkpoint in {stage.ckpt_dir} is at step {self.start}, beyond the budget")
+      check(
+        self.start <= stage.num_steps,
+        f"{stage.name}.num_steps",
+        stage.num_steps,
+        f"the checkpoint in {stage.ckpt_dir} is at step {self.start}, beyond the budget",
+      )
       resume = stage.offset + self.start
       log.info("%s: resumed from step %d of %d", stage.name, self.start, stage.num_steps)
     if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
@@ -413,7 +484,9 @@ class Loop:
     self.preempt = install_sigterm_handler()
     self.stopped = False
     self.bar = ProgressBar(
-      stage.num_steps, initial=self.start, desc=stage.label or stage.name,
+      stage.num_steps,
+      initial=self.start,
+      desc=stage.label or stage.name,
       enabled=None if ctx.config.progress else False,
     )
     self._t = time.perf_counter()
@@ -443,8 +516,11 @@ class Loop:
     self.log(step, values)
     self.state = state
     position = (self.stage.offset + step) * int(self.ctx.config.data.prompts_per_step)
-    meta = {"data_position": position, "stage": self.stage.label or self.stage.name,
-            "config": self.trajectory}
+    meta = {
+      "data_position": position,
+      "stage": self.stage.label or self.stage.name,
+      "config": self.trajectory,
+    }
     final = step == self.stage.num_steps or self.preempt.should_stop()
     self.ckpt.save(step, state=state, key=self.run_key, meta=meta, force=final)
     self.bar.update(1, **{k: v for k, v in values.items() if k in ("fitness/mean", "reward/mean")})
@@ -491,8 +567,9 @@ def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
     ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
     results["eval"] = ev["macro"]
   if ctx.config.export_hf:
-    results["hf"] = export_hf(params, ctx.model_config, ctx.tokenizer,
-                              os.path.join(ctx.workdir, "hf"))
+    results["hf"] = export_hf(
+      params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
+    )
   results["plots"] = train_metrics_plots(ctx.workdir)
   (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
   return results
@@ -517,4 +594,3 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, A
 
 def to_host(tree):
   return jax.tree.map(np.asarray, tree)
-

@@ -139,6 +139,20 @@ def test_sampled_decoding_uses_per_member_keys(key):
     temperature=1.0,
   )
   _assert_same_completions(stats.completions, ref, rows=i)
+  # Common random numbers, members decoded together (one device, chunks of 4): every member
+  # draws with sample_key itself.
+  _, shared = _evaluate(
+    params,
+    key,
+    temperature=1.0,
+    sample_key=sample_key,
+    mesh=None,
+    members_per_chunk=4,
+    share_sample_key=True,
+  )
+  ref = _direct(noise.perturb_member(params, key, i, SIGMA), key=sample_key, temperature=1.0)
+  _assert_same_completions(shared.completions, ref, rows=i)
+  assert not np.array_equal(shared.completions.tokens, stats.completions.tokens)
   with pytest.raises(ValueError, match="sample_key"):
     _evaluate(params, key, temperature=1.0)
 

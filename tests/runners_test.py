@@ -105,18 +105,53 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]
 )
 def test_paper_config_smoke(tmp_path, module, method):
-  config = _config(module, method=method, data__data_dir=str(tmp_path / "tfds"),
-                   eval__data_dir=str(tmp_path / "tfds"))
+  # A held-out extra task in the final evaluation (macro-averaged with the main one).
+  extra = ({"task": "reasoning_gym/chain_sum", "limit": 2, "label": "held_out"},)
+  config = _config(
+    module,
+    method=method,
+    data__data_dir=str(tmp_path / "tfds"),
+    eval__data_dir=str(tmp_path / "tfds"),
+    eval__extra_tasks=extra,
+  )
   runner = {"es": es.run, "grpo": grpo.run}[method]
   result = runner(config, str(tmp_path / "run"))
   assert result["stopped"] is False
   _assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
+  table = json.load(open(tmp_path / "run" / "eval" / "table.json"))
+  main_label = train_lib.task_label(config.eval.task)
+  assert set(table["tasks"]) == {main_label, "held_out"}
+  assert table["tasks"]["held_out"]["num_problems"] == 2
+  per_task = [table["tasks"][t]["pass@1"] for t in table["tasks"]]
+  np.testing.assert_allclose(table["macro"]["pass@1"], np.mean(per_task), rtol=1e-6)
+
+
+def test_extra_eval_tasks_bad_entries_name_the_field():
+  ev = _config(demo_config).eval
+  specs = train_lib.extra_eval_tasks(
+    {**ev, "extra_tasks": ("reasoning_gym/chain_sum",), "limit": 3}, taken=set()
+  )
+  assert [(s.label, s.task, len(s.examples)) for s in specs] == [
+    ("reasoning_gym_chain_sum", "reasoning_gym/chain_sum", 3)
+  ]
+  for entries, field in (
+    (({"split": "test"},), r"eval.extra_tasks\[0\].task"),
+    (("reasoning_gym/chain_sum", {"task": "reasoning_gym/chain_sum"}), r"extra_tasks\[1\].label"),
+    (({"task": "gsm8k", "splt": "test"},), r"eval.extra_tasks\[0\].*splt"),
+    ((3,), r"eval.extra_tasks\[0\]"),
+  ):
+    with pytest.raises(ValueError, match=field):
+      train_lib.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
+  main = {train_lib.task_label(ev.task)}
+  with pytest.raises(ValueError, match=r"extra_tasks\[0\].label"):  # clashes with the main task
+    train_lib.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
 
 
 def test_batch_indices_cover_each_epoch_once():
   n, p = 10, 4
-  seen = np.concatenate([train_lib.batch_indices(n, step=s, batch=p, seed=3, shuffle=True)
-                         for s in range(5)])  # 20 positions = 2 epochs
+  seen = np.concatenate(
+    [train_lib.batch_indices(n, step=s, batch=p, seed=3, shuffle=True) for s in range(5)]
+  )  # 20 positions = 2 epochs
   assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
   again = train_lib.batch_indices(n, step=2, batch=p, seed=3, shuffle=True)
   np.testing.assert_array_equal(again, seen[8:12])
@@ -135,8 +170,9 @@ def test_split_budget_and_bad_values():
 
 
 def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, monkeypatch):
-  config = _config(demo_config, method="sequential", eval__every=0, eval__final=False,
-                   export_hf=False)
+  config = _config(
+    demo_config, method="sequential", eval__every=0, eval__final=False, export_hf=False
+  )
   sequential.run(config, str(tmp_path))
   stage2 = tmp_path / "stage2_es" / "checkpoints"
   _, final = _params(str(stage2))
@@ -173,10 +209,16 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, m
 
 def _command(workdir, *overrides):
   return [
-    sys.executable, "-m", "experiments.main",
+    sys.executable,
+    "-m",
+    "experiments.main",
     f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}:smoke",
-    f"--workdir={workdir}", "--config.progress=False", "--config.eval.every=0",
-    "--config.eval.final=False", "--config.export_hf=False", *overrides,
+    f"--workdir={workdir}",
+    "--config.progress=False",
+    "--config.eval.every=0",
+    "--config.eval.final=False",
+    "--config.export_hf=False",
+    *overrides,
   ]
 
 
@@ -197,23 +239,37 @@ def _env():
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   env.pop("XLA_FLAGS", None)
   if "dir" in _COMPILE_CACHE:
-    env.update(JAX_COMPILATION_CACHE_DIR=_COMPILE_CACHE["dir"],
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.update(
+      JAX_COMPILATION_CACHE_DIR=_COMPILE_CACHE["dir"],
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
   return env
 
 
 def _run(workdir, *overrides, timeout=300):
-  out = subprocess.run(_command(workdir, *overrides), cwd=ROOT, env=_env(), capture_output=True,
-                       text=True, timeout=timeout)
+  out = subprocess.run(
+    _command(workdir, *overrides),
+    cwd=ROOT,
+    env=_env(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   return out
 
 
 def _start_and_signal(workdir, sig, *overrides, after_step=1, timeout=300):
   """Starts a run, sends `sig` once checkpoint `after_step` is committed; returns the process."""
-  proc = subprocess.Popen(_command(workdir, *overrides), cwd=ROOT, env=_env(),
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    _command(workdir, *overrides),
+    cwd=ROOT,
+    env=_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
   marker = os.path.join(workdir, "checkpoints", str(after_step), "commit_success.txt")
   deadline = time.monotonic() + timeout
   while not os.path.exists(marker):
@@ -235,8 +291,9 @@ def es_reference(tmp_path_factory):
 
 def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
   workdir = str(tmp_path)
-  proc = _start_and_signal(workdir, signal.SIGKILL, "--config.method=es",
-                           "--config.es.num_steps=4", after_step=2)
+  proc = _start_and_signal(
+    workdir, signal.SIGKILL, "--config.method=es", "--config.es.num_steps=4", after_step=2
+  )
   proc.wait(timeout=60)
   assert proc.returncode == -signal.SIGKILL
   _run(workdir, "--config.method=es", "--config.es.num_steps=4")
@@ -253,8 +310,9 @@ def test_es_corrupt_latest_checkpoint_resumes_from_previous(tmp_path, es_referen
   workdir = str(tmp_path / "run")
   shutil.copytree(es_reference[2], workdir)  # a finished 4-step run
   latest = os.path.join(workdir, "checkpoints", "4", "state")
-  victim = max((os.path.join(r, f) for r, _, fs in os.walk(latest) for f in fs),
-               key=os.path.getsize)
+  victim = max(
+    (os.path.join(r, f) for r, _, fs in os.walk(latest) for f in fs), key=os.path.getsize
+  )
   with open(victim, "r+b") as f:
     f.truncate(os.path.getsize(victim) // 2)
   os.remove(os.path.join(workdir, "DONE"))
@@ -282,9 +340,14 @@ def test_grpo_sigkill_resume_matches(tmp_path):
 
 def test_sigterm_saves_and_exits_zero(tmp_path):
   workdir = str(tmp_path)
-  proc = _start_and_signal(workdir, signal.SIGTERM, "--config.method=es",
-                           "--config.es.num_steps=50", "--config.checkpoint.every=10",
-                           after_step=1)
+  proc = _start_and_signal(
+    workdir,
+    signal.SIGTERM,
+    "--config.method=es",
+    "--config.es.num_steps=50",
+    "--config.checkpoint.every=10",
+    after_step=1,
+  )
   _, err = proc.communicate(timeout=120)
   assert proc.returncode == 0, err[-3000:]
   steps = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False).all_steps()
@@ -293,25 +356,42 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
 
 
 def test_main_refuses_unknown_key_and_bad_value(tmp_path):
-  for override, name in (("--config.es.populaton_size=8", "populaton_size"),
-                         ("--config.es.sigma=abc", "sigma")):
-    out = subprocess.run(_command(str(tmp_path), override), cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=120)
+  for override, name in (
+    ("--config.es.populaton_size=8", "populaton_size"),
+    ("--config.es.sigma=abc", "sigma"),
+  ):
+    out = subprocess.run(
+      _command(str(tmp_path), override),
+      cwd=ROOT,
+      env=_env(),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
     assert out.returncode != 0 and name in out.stderr, out.stderr[-2000:]
 
 
 def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   config = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False)
   es.run(config, str(tmp_path))
-  other = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
-                  seed=1)
+  other = _config(
+    demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, seed=1
+  )
   with pytest.raises(ValueError, match="config.seed=1"):
     es.run(other, str(tmp_path))
-  sigma = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
-                  es__sigma=0.5, es__num_steps=5)
+  sigma = _config(
+    demo_config,
+    method="es",
+    eval__every=0,
+    eval__final=False,
+    export_hf=False,
+    es__sigma=0.5,
+    es__num_steps=5,
+  )
   with pytest.raises(ValueError, match=r"es\.sigma \(0\.001 in the checkpoint, 0\.5 now\)"):
     es.run(sigma, str(tmp_path))
-  longer = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False,
-                   es__num_steps=4)  # a larger budget continues the run
+  longer = _config(
+    demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, es__num_steps=4
+  )  # a larger budget continues the run
   es.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4

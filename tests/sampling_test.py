@@ -363,6 +363,17 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
   for i in range(M):
     np.testing.assert_array_equal(np.asarray(got.tokens[i]), np.asarray(single(i).tokens))
 
+  # Bad member axes are named.
+  call = dict(keys=member_keys, config=cfg, max_new_tokens=2)
+  with pytest.raises(ValueError, match=r"params\['embed'\] has shape .* per member"):
+    generate_members(p, ids, mask, params_axes=jax.tree.map(lambda _: 0, p), **call)
+  with pytest.raises(ValueError, match="params_axes must mirror params"):
+    generate_members(p, ids, mask, params_axes={"embed": None}, **call)
+  with pytest.raises(ValueError, match=r"params_axes at params\['final_norm'\] is 1"):
+    generate_members(
+      p, ids, mask, params_axes={**jax.tree.map(lambda _: None, p), "final_norm": 1}, **call
+    )
+
 
 def test_prompt_batch_sharded_over_devices_equals_single_device(tiny):
   _, p, cfg = tiny

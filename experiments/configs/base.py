@@ -62,6 +62,10 @@ def base_config() -> ml_collections.ConfigDict:
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
     periodic_num_samples=4,
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
+    # More tasks for the final evaluation (macro-averaged with `task`): task names, or dicts
+    # {task, split, limit, task_config, data_dir, source_dir, label}; split, limit, data_dir
+    # default to this section's. E.g. held-out tasks to check for forgetting (PAPER.md §7).
+    extra_tasks=(),
   )
   c.es = dict(
     num_steps=10,

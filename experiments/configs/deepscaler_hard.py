@@ -6,8 +6,10 @@
         --workdir /tmp/s
 
 Data: DeepScaleR-Preview's deepscaler.json (--config.data.source_dir=DIR) for training, MATH-500's
-test.jsonl (--config.eval.source_dir=DIR) for evaluation (the paper averages MATH-500, AIME24/25
-and AMC23: run `method=evaluate` with --config.eval.task=aime24 etc. on the exported model).
+test.jsonl (--config.eval.source_dir=DIR) for evaluation. The paper's math average also covers
+AIME24/25 and AMC23: add them to the final evaluation (macro average in eval/table.md) with
+--config.eval.extra_tasks="({'task': 'aime24', 'source_dir': 'DIR'}, ...)", or once prepared in
+the TFDS data_dir, by name: "('aime24', 'aime25', 'amc23')"; held-out tasks (CSQA, ...) likewise.
 Model: --config.model.path = a local HF directory of DeepSeek-R1-Distill-Qwen-1.5B (or hub id).
 Hardware: a TPU v4-32 / v5e-32 pod slice or 8 × 80 GB GPUs (8,192-token rollouts).
 Expected run time: several days for 200 ES steps on 32 chips; GRPO faster per step.
