@@ -425,3 +425,15 @@ def test_format_prompt_plain_fallback(tokenizer):
     {"role": "system", "content": data.SYSTEM_PROMPT},
     {"role": "user", "content": "1 + 2 ="},
   ]
+
+
+def test_task_names_match_the_builders_and_importing_es_jax_skips_tfds():
+  import subprocess
+  import sys
+
+  from es_jax.data import builders
+
+  assert data.TASKS == tuple(builders.BUILDERS)
+  code = "import sys, es_jax; print('tensorflow_datasets' in sys.modules)"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from es_jax.data import builders, formats, gym
+from es_jax.data import formats, gym
 from es_jax.data.prompts import (
   INSTRUCTIONS,
   PLAIN_SYSTEM_PROMPT,
@@ -43,7 +43,22 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-TASKS = tuple(builders.BUILDERS)
+# The file-backed tasks: the TFDS builders of `es_jax.data.builders` (tested equal to its
+# BUILDERS). Named here so that importing es_jax does not import tensorflow_datasets: only
+# loading one of these tasks does.
+TASKS = (
+  "gsm8k",
+  "deepscaler",
+  "math500",
+  "aime24",
+  "aime25",
+  "amc23",
+  "countdown",
+  "csqa",
+  "gpqa",
+  "hotpotqa",
+  "mbpp",
+)
 DEFAULT_GYM_SIZE = 1000
 
 
@@ -143,12 +158,14 @@ def load_task(
       length=size,
       get=lambda i: gym.gym_example(dataset, i, task=task, split=split),
     )
-  if name not in builders.BUILDERS:
+  if name not in TASKS:
     raise ValueError(
       f"load_task: unknown task {name!r}; known: {', '.join(TASKS)}, or 'reasoning_gym/<task>'"
     )
   if task_config:
     raise ValueError(f"load_task: task_config is for reasoning_gym tasks only, not {name!r}")
+  from es_jax.data import builders  # imports tensorflow_datasets (module docstring)
+
   builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir)
   metadata = builder.info.metadata
   num_bad = metadata.get("num_bad_rows", {}).get(split, 0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-MODELS = ("tiny", "smollm2")
+MODELS = ("tiny", "smollm2", "smollm2-random")
 PRNGS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
@@ -26,3 +26,23 @@ def workload_parser(doc: str) -> argparse.ArgumentParser:
     help="PRNG implementation of the step key (rbg draws full-rank noise faster on CPU)",
   )  # fmt: skip
   return parser
+
+
+def load_model(name: str):
+  """(Transformer, tokenizer or None) of a benchmark's ``--model``.
+
+  ``tiny``: a random tiny-llama. ``smollm2``: the bundled SmolLM2-135M-Instruct
+  (``load_default``). ``smollm2-random``: the same architecture with random weights, for
+  machines without the bundled 98 MB GGUF (e.g. a lent accelerator); the timed work is the same
+  because the benchmarks decode a fixed number of tokens.
+  """
+  from flax import nnx
+
+  from es_jax.models import Transformer, get_config, load_default
+
+  if name == "smollm2":
+    return load_default()
+  presets = {"tiny": "tiny-llama", "smollm2-random": "smollm2-135m"}
+  if name not in presets:
+    raise ValueError(f"--model={name!r}: use one of {MODELS}.")
+  return Transformer(get_config(presets[name]), rngs=nnx.Rngs(0)), None

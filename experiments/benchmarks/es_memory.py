@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 
-from experiments.benchmarks._common import workload_parser
+from experiments.benchmarks._common import load_model, workload_parser
 
 _MARKER = "ES_MEMORY_CHILD_RESULT "
 MiB = 2**20
@@ -100,18 +100,13 @@ def child(args) -> dict:
   import jax
   import numpy as np
   import optax
-  from flax import nnx
 
   from es_jax import es, population
-  from es_jax.models import Transformer, get_config, load_default
   from es_jax.models import params as model_params
 
   n, M = args._child, args.members_per_chunk
   P, S, T = args.prompts, args.prompt_len, args.max_new_tokens
-  if args.model == "tiny":
-    model = Transformer(get_config("tiny-llama"), rngs=nnx.Rngs(0))
-  else:
-    model, _ = load_default()
+  model, _ = load_model(args.model)
   config, params = model.config, model_params(model)
   del model
   rng = np.random.RandomState(0)

@@ -38,24 +38,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from es_jax import es, noise, population
-from es_jax.models import Transformer, get_config, load_default
 from es_jax.models import params as model_params
 from es_jax.sampling import generate
-from experiments.benchmarks._common import MODELS, workload_parser
+from experiments.benchmarks._common import load_model, workload_parser
 
 
 def load_params(name: str):
-  """(params, config) of ``--model``: ``tiny`` is a random tiny-llama, ``smollm2`` the bundled
-  SmolLM2-135M-Instruct (``load_default``)."""
-  if name == "tiny":
-    model = Transformer(get_config("tiny-llama"), rngs=nnx.Rngs(0))
-  elif name == "smollm2":
-    model, _ = load_default()
-  else:
-    raise ValueError(f"--model={name!r}: use one of {MODELS}.")
+  """(params, config) of ``--model`` (``_common.load_model``)."""
+  model, _ = load_model(name)
   return model_params(model), model.config
 
 

@@ -1,10 +1,11 @@
 """Greedy decoding throughput: es_jax's sampler against transformers' `generate` (PyTorch).
 
     python -m experiments.benchmarks.sampler_vs_transformers [--batch_sizes 1,16]
-        [--new_tokens 64] [--models smollm2,tiny] [--repeats 2]
+        [--new_tokens 64] [--models smollm2,tiny] [--repeats 2] [--torch_device cpu|cuda]
 
 The same checkpoint (SmolLM2-135M-Instruct dequantised from the bundled GGUF and written as an
-HF directory with `save_hf`; and a small random Llama) is decoded greedily by both, from the same
+HF directory with `save_hf`; `smollm2-random`, the same architecture with random weights, where
+the GGUF is not at hand; and a small random Llama) is decoded greedily by both, from the same
 left-padded prompts, for exactly `new_tokens` tokens (EOS disabled in both so the work is equal).
 Prints tokens/s of each, the ratio, and whether the generated tokens are identical (fp32 on both
 sides; a greedy near-tie can flip a token late in a sequence, so the first mismatch is reported).
@@ -61,7 +62,7 @@ def _timed(fn, repeats: int):
   return out, best
 
 
-def bench_one(name, model, tokenizer, batch, new_tokens, repeats, hf_dir):
+def bench_one(name, model, tokenizer, batch, new_tokens, repeats, hf_dir, torch_device="cpu"):
   import torch
   from transformers import AutoModelForCausalLM
 
@@ -77,19 +78,19 @@ def bench_one(name, model, tokenizer, batch, new_tokens, repeats, hf_dir):
   run_jax()  # compile
   ours, t_ours = _timed(run_jax, repeats)
 
-  hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+  hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval().to(torch_device)
   hf.generation_config.eos_token_id = None
   hf.generation_config.pad_token_id = pad_id
 
   def run_hf():
     with torch.inference_mode():
       out = hf.generate(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        attention_mask=torch.tensor(mask.astype(np.int64)),
+        input_ids=torch.tensor(ids, dtype=torch.long, device=torch_device),
+        attention_mask=torch.tensor(mask.astype(np.int64), device=torch_device),
         max_new_tokens=new_tokens,
         do_sample=False,
       )
-    return out[:, ids.shape[1] :].numpy()
+    return out[:, ids.shape[1] :].cpu().numpy()
 
   run_hf()  # warm-up
   theirs, t_hf = _timed(run_hf, repeats)
@@ -111,6 +112,7 @@ def main(argv=None):
   parser.add_argument("--new_tokens", type=int, default=64)
   parser.add_argument("--models", default="smollm2,tiny")
   parser.add_argument("--repeats", type=int, default=2)
+  parser.add_argument("--torch_device", default="cpu", help="where transformers runs (cpu, cuda)")
   args = parser.parse_args(argv)
   import torch
   from flax import nnx
@@ -122,6 +124,8 @@ def main(argv=None):
   for name in args.models.split(","):
     if name == "smollm2":
       model, tok = load_default()
+    elif name == "smollm2-random":
+      model, tok = Transformer(get_config("smollm2-135m"), rngs=nnx.Rngs(0)), None
     elif name == "tiny":
       cfg = get_config(
         "tiny-llama",
@@ -133,11 +137,11 @@ def main(argv=None):
       )
       model, tok = Transformer(cfg, rngs=nnx.Rngs(0)), None
     else:
-      raise ValueError(f"--models: unknown model {name!r} (smollm2, tiny)")
+      raise ValueError(f"--models: unknown model {name!r} (smollm2, smollm2-random, tiny)")
     with tempfile.TemporaryDirectory() as hf_dir:
       save_hf(model, tok, hf_dir)
       for b in (int(x) for x in args.batch_sizes.split(",")):
-        bench_one(name, model, tok, b, args.new_tokens, args.repeats, hf_dir)
+        bench_one(name, model, tok, b, args.new_tokens, args.repeats, hf_dir, args.torch_device)
 
 
 if __name__ == "__main__":
