@@ -216,8 +216,6 @@ def population_completions(
       return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(sample_key, members)
 
     def chunk(members):  # [M]
-      # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
-      # PRNG implementation; vmap is not for rbg).
       if members_per_chunk == 1:
         # No member axis: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
         owned, deltas = member_inputs(members[0])
@@ -230,6 +228,8 @@ def population_completions(
           **decode_kw,
         )
         return jax.tree.map(lambda x: x[None], out)
+      # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
+      # PRNG implementation; vmap is not for rbg).
       owned, deltas = jax.lax.map(member_inputs, members)
       params_m, params_axes = member_params(owned, 0)
       # One decode loop over the chunk's M x P rows; the model call is vmapped over members.

@@ -417,15 +417,7 @@ def generate(
     params_or_model = model_params(params_or_model)
   if config is None:
     raise ValueError("generate: pass `config=` when giving a params dict instead of a model.")
-  if max_new_tokens < 1:
-    raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}.")
-  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-  prompt_mask = jnp.asarray(prompt_mask, bool)
-  if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
-    raise ValueError(
-      f"generate: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be "
-      "equal [batch, length] shapes."
-    )
+  prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask, max_new_tokens)
   return _generate(
     params_or_model,
     deltas,
@@ -436,6 +428,20 @@ def generate(
     config=config,
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
   )
+
+
+def _checked_prompts(caller: str, prompt_ids, prompt_mask, max_new_tokens: int):
+  """(ids int32, mask bool) as arrays; ValueError naming `caller` on bad shapes or budget."""
+  if max_new_tokens < 1:
+    raise ValueError(f"{caller}: max_new_tokens must be >= 1, got {max_new_tokens}.")
+  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
+  prompt_mask = jnp.asarray(prompt_mask, bool)
+  if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
+    raise ValueError(
+      f"{caller}: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be "
+      "equal [batch, length] shapes."
+    )
+  return prompt_ids, prompt_mask
 
 
 def _decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers) -> dict:
@@ -497,15 +503,9 @@ def generate_members(
   Returns:
     Completions with leaves [M, P, ...].
   """
-  if max_new_tokens < 1:
-    raise ValueError(f"generate_members: max_new_tokens must be >= 1, got {max_new_tokens}.")
-  prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
-  prompt_mask = jnp.asarray(prompt_mask, bool)
-  if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
-    raise ValueError(
-      f"generate_members: prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} "
-      "must be equal [prompts, length] shapes."
-    )
+  prompt_ids, prompt_mask = _checked_prompts(
+    "generate_members", prompt_ids, prompt_mask, max_new_tokens
+  )
   if (deltas is None) != (deltas_axes is None):
     raise ValueError("generate_members: pass deltas and deltas_axes together.")
   if keys.ndim != 1:
