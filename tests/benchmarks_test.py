@@ -1,0 +1,37 @@
+"""Benchmark scripts with built-in correctness checks run end to end at tiny sizes (device_checks.sh
+runs them on an accelerator): equal fitness on the batched and seed-scheme sides, identical greedy
+tokens to transformers. Timings are printed, never asserted."""
+
+import re
+
+from experiments.benchmarks import es_vs_sequential, sampler_vs_transformers
+
+
+def test_es_vs_sequential_sides_agree(capsys):
+  # Raises AssertionError itself if the two sides' fitness differ.
+  es_vs_sequential.main(
+    [
+      "--model",
+      "tiny",
+      "--population",
+      "4",
+      "--members_per_chunk",
+      "2",
+      "--repeats",
+      "1",
+      "--max_new_tokens",
+      "4",
+      "--no-looped",
+    ]
+  )
+  out = capsys.readouterr().out
+  assert "fitness equal on every side" in out
+  assert re.search(r"ratio sequential / batched \(M=2\), best step time: [0-9.]+x", out)
+
+
+def test_sampler_vs_transformers_tokens_identical(capsys):
+  sampler_vs_transformers.main(
+    ["--models", "tiny", "--batch_sizes", "3", "--new_tokens", "6", "--repeats", "1"]
+  )
+  out = capsys.readouterr().out
+  assert "identical=True" in out and "ratio" in out
