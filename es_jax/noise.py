@@ -114,6 +114,12 @@ def validate_noise_options(*, rank: int | None, low_rank_vectors: str) -> None:
     )
 
 
+def validate_precision(precision: str) -> None:
+  """Raises ValueError for a ``precision`` not in ``PRECISIONS``."""
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+
+
 def member_key(step_key: jax.Array, i: int | jax.Array) -> jax.Array:
   """Key of population member ``i``: ``fold_in(step_key, i)``. ``i`` may be traced."""
   return jax.random.fold_in(step_key, i)
@@ -369,8 +375,7 @@ def apply_noise(
   Returns:
     Perturbed params with the dtypes of ``params``.
   """
-  if precision not in PRECISIONS:
-    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+  validate_precision(precision)
   leaves, treedef = jax.tree_util.tree_flatten(params)
   noise_leaves = treedef.flatten_up_to(noise)
   sigma = jnp.asarray(sigma, jnp.float32)
@@ -401,8 +406,7 @@ def perturb(
   instead. Equal to ``apply_noise(params, sample_noise(...), sigma)``; see it for ``precision``.
   """
   validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  if precision not in PRECISIONS:
-    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+  validate_precision(precision)
   sigma = jnp.asarray(sigma, jnp.float32)
   paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
   out = []

@@ -350,8 +350,7 @@ def evaluate(
   if sigma_value is not None and not sigma_value > 0:
     raise ValueError(f"sigma={sigma!r} must be > 0.")
   noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  if precision not in noise_lib.PRECISIONS:
-    raise ValueError(f"precision={precision!r} is invalid: use one of {noise_lib.PRECISIONS}.")
+  noise_lib.validate_precision(precision)
   if rank is not None and precision != "fp32":
     raise ValueError(
       f"precision={precision!r} needs materialised weights; low-rank members (rank={rank}) go "

@@ -23,8 +23,9 @@ import time
 import jax
 import numpy as np
 
-from es_jax.models import Transformer, get_config, load_default, save_hf
+from es_jax.models import Transformer, get_config, save_hf
 from es_jax.sampling import generate, pad_prompts
+from experiments.benchmarks._common import load_model
 
 QUESTIONS = [
   "What is the capital of France?",
@@ -122,11 +123,9 @@ def main(argv=None):
     f"with {torch.get_num_threads()} threads; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
   )
   for name in args.models.split(","):
-    if name == "smollm2":
-      model, tok = load_default()
-    elif name == "smollm2-random":
-      model, tok = Transformer(get_config("smollm2-135m"), rngs=nnx.Rngs(0)), None
-    elif name == "tiny":
+    if name in ("smollm2", "smollm2-random"):
+      model, tok = load_model(name)
+    elif name == "tiny":  # larger than _common's tiny, so the timings mean something
       cfg = get_config(
         "tiny-llama",
         hidden_size=256,
