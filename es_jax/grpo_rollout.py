@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax.grpo import group_advantages, token_logprobs_from_logits
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import Params, forward, positions_from_mask
+from es_jax.models.transformer import Params, cast_params, forward, positions_from_mask
 from es_jax.sampling import Completions, generate
 
 
@@ -62,7 +62,8 @@ def rollout(
   """Samples G completions per prompt and lays them out for `update_step`.
 
   Args:
-    params: the policy's parameters (the rollout policy π_old).
+    params: the policy's parameters (the rollout policy π_old); float32 master weights of a
+      lower-precision model are cast to `config.dtype` once, before the decode loop.
     prompt_ids: [P, Sp] left-padded prompts (see `es_jax.sampling.pad_prompts`).
     prompt_mask: [P, Sp] bool.
     config: the model config (static).
@@ -95,7 +96,7 @@ def rollout(
     rows = NamedSharding(mesh, PartitionSpec(data_axis))
     ids, ids_mask = jax.device_put(ids, rows), jax.device_put(ids_mask, rows)
   completions = generate(
-    params,
+    cast_params(params, config.jnp_dtype),  # float32 masters sample in the compute dtype
     ids,
     ids_mask,
     key=key,

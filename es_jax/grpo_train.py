@@ -47,7 +47,7 @@ from es_jax.grpo_rollout import (  # noqa: F401  (re-exported: one import for a 
   with_advantages,
 )
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import Params
+from es_jax.models.transformer import Params, cast_params
 
 
 class GRPOState(NamedTuple):
@@ -96,10 +96,21 @@ def make_optimizer(
 
 
 def init_state(
-  params: Params, optimizer: optax.GradientTransformation, *, mesh: Mesh | None = None
+  params: Params,
+  optimizer: optax.GradientTransformation,
+  *,
+  mesh: Mesh | None = None,
+  master_dtype: Any = jnp.float32,
 ) -> GRPOState:
   """A fresh state holding a *copy* of params, so the caller's arrays stay valid (e.g. as the
   frozen reference) although `update_step` donates the state.
+
+  Mixed precision: the state's params are *master weights* in `master_dtype` (float32 by
+  default), and so is the optimizer state, whatever dtype the model computes in. `update_step`
+  runs forward and backward passes in the model config's dtype (bf16 for the paper's
+  checkpoints) and applies float32 gradients to the float32 masters, as verl and TRL do. With
+  `master_dtype=None` the params keep their own dtype: for a bf16 model that is pure-bf16 AdamW,
+  whose updates at lr 1e-6 are mostly below bf16's resolution (the weights do not move).
 
   With `mesh`, arrays already on it keep their layout (e.g. es_jax.sharding.shard_params over
   'model'), the rest are replicated. Without, the state is committed to the params' device, as
@@ -114,9 +125,18 @@ def init_state(
       on_mesh = isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
       return jax.device_put(x, _canonical(x) if on_mesh else NamedSharding(mesh, PartitionSpec()))
 
-  params = jax.tree.map(lambda x: place(jnp.copy(x)), params)
+  params = jax.tree.map(jnp.copy, params)
+  if master_dtype is not None:
+    params = cast_params(params, master_dtype)
+  params = jax.tree.map(place, params)
   state = GRPOState(params, optimizer.init(params), jnp.zeros((), jnp.int32))
   return jax.tree.map(place, state)
+
+
+def policy_params(state: GRPOState, config: ModelConfig) -> Params:
+  """The state's params in the model's compute dtype (`config.dtype`): what to sample with and
+  what to evaluate or export. The same arrays when masters and model share a dtype."""
+  return cast_params(state.params, config.jnp_dtype)
 
 
 def update_step(
@@ -298,7 +318,10 @@ def _update_step(
   score = functools.partial(completion_logprobs, config=config, completion_length=T)
   score = functools.partial(score, chunk_size=chunk_size)
 
+  compute_dtype = config.jnp_dtype
+
   def frozen_logp(p):  # [num_mini, n, m, T] log-probs under fixed params, one micro-batch at a time
+    p = cast_params(p, compute_dtype)  # once, not per micro-batch
     flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), data)
     logp = jax.lax.map(lambda d: score(p, d["tokens"], d["mask"])[0], flat)
     return jax.lax.stop_gradient(logp.reshape(num_mini, num_micro, *logp.shape[1:]))
@@ -342,10 +365,14 @@ def _update_step(
 
   def mini_step(carry, mini):
     params, opt_state = carry
+    # Forward and backward in the compute dtype. The gradient with respect to float32 masters
+    # through a cast is this one upcast (the cast's transpose), so nothing is lost by taking it
+    # with respect to the cast copy, made once per mini-batch instead of once per micro-batch.
+    params_c = cast_params(params, compute_dtype)
 
     def accumulate(acc, d):
       d = {k: constrain(v, 0) if v.ndim > 0 else v for k, v in d.items()}
-      (loss, m), grads = grad_fn(params, d)
+      (loss, m), grads = grad_fn(params_c, d)
       grads = jax.tree.map(lambda g: g.astype(jnp.float32), grads)
       n = m["num_tokens"]
       sums = {k: m[k] * n for k in token_metrics}
@@ -357,8 +384,11 @@ def _update_step(
     # float32 accumulators: summing many bfloat16 micro-batch gradients would lose precision.
     zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), zero_sums)
     (grads, sums), _ = jax.lax.scan(accumulate, zeros, mini)
-    updates, opt_state = optimizer.update(grads, opt_state, params)
-    params = optax.apply_updates(params, updates)
+    updates, new_opt_state = optimizer.update(grads, opt_state, params)
+    # Float32 gradients would promote low-precision moments (master_dtype=None on a bf16 model);
+    # the scan carry must keep its dtypes. A no-op for float32 masters.
+    opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_opt_state, opt_state)
+    params = optax.apply_updates(params, updates)  # rounds once to the masters' dtype
     metrics = {k: sums[k] / jnp.maximum(sums["num_tokens"], 1.0) for k in token_metrics}
     metrics.update(
       loss=sums["loss"],

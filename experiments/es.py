@@ -17,6 +17,7 @@ for bit (greedy fitness; sampled fitness too, given the same devices).
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import jax
@@ -26,10 +27,12 @@ import numpy as np
 import optax
 
 from es_jax import es as es_lib
-from es_jax import metrics, population
+from es_jax import metrics, models, population
 from experiments import train_lib
 
 OPTIMIZERS = ("sgd", "adam")
+PRECISIONS = ("fp32", "bf16", "bf16_faithful")
+log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformationExtraArgs:
@@ -50,6 +53,12 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
     raise ValueError(f"config.es: {e}") from None
   step = optax.sgd if cfg.optimizer == "sgd" else optax.adam
   return optax.chain(grad, step(float(cfg.learning_rate)))
+
+
+def master_weights(params, precision: str, compute_dtype) -> Any:
+  """The weights ES updates for `es.precision`: float32 masters ("fp32"), or the model's own
+  compute dtype ("bf16", "bf16_faithful"), where `_apply`'s update is rounded to it once."""
+  return models.cast_params(params, jnp.float32 if precision == "fp32" else compute_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("optimizer",), donate_argnums=(0,))
@@ -83,7 +92,15 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     train_lib.positive_int(cfg[name], f"es.{name}")
   optimizer = make_optimizer(cfg)
   rank = int(cfg.rank) or None
+  train_lib.check(cfg.precision in PRECISIONS, "es.precision", cfg.precision, f"use {PRECISIONS}")
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
+  params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
+  log.info(
+    "ES: members run in %s, weights and updates in %s (es.precision=%s)",
+    ctx.model_config.dtype,
+    jax.tree.leaves(params)[0].dtype,
+    cfg.precision,
+  )
   state = {"params": params, "opt_state": optimizer.init(params)}
   loop = train_lib.Loop(ctx, stage, state)
   state = loop.state
@@ -107,7 +124,8 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
         antithetic=bool(cfg.antithetic),
         rank=rank,
         low_rank_vectors=cfg.low_rank_vectors,
-        precision=cfg.precision,
+        # "bf16" is "fp32" arithmetic on weights already in the model's dtype.
+        precision="bf16_faithful" if cfg.precision == "bf16_faithful" else "fp32",
         temperature=float(cfg.temperature),
         top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
         eos_ids=ctx.eos_ids,

@@ -67,7 +67,13 @@ def default_config() -> ml_collections.ConfigDict:
     {
       # source: default (bundled SmolLM2) | hf | gguf | orbax. For orbax, `path` is the
       # checkpoint directory and base_source/base_path give the architecture and tokenizer.
-      "model": {"source": "default", "path": "", "base_source": "default", "base_path": ""},
+      "model": {
+        "source": "default",
+        "path": "",
+        "base_source": "default",
+        "base_path": "",
+        "dtype": "",
+      },
       "tasks": [
         {
           "name": "reasoning_gym/chain_sum",
@@ -306,23 +312,34 @@ def evaluate_tasks(
   return {"tasks": results, "macro": macro}
 
 
+MODEL_DTYPES = ("", "bfloat16", "float32", "float16")
+
+
 def load_model(model_config: Mapping[str, Any]):
-  """(Transformer, tokenizer) for config.model (see `default_config`)."""
+  """(Transformer, tokenizer) for config.model (see `default_config`).
+
+  `model.dtype` is the compute dtype: "" keeps the checkpoint's (bf16 for the paper's HF
+  checkpoints; float32 for dequantised GGUF files), or "bfloat16" / "float32" / "float16".
+  """
   source, path = model_config.get("source"), model_config.get("path") or ""
   _check(source in MODEL_SOURCES, "config.model.source", source, f"use one of {MODEL_SOURCES}")
+  dtype = model_config.get("dtype") or ""
+  _check(dtype in MODEL_DTYPES, "config.model.dtype", dtype, f"use one of {MODEL_DTYPES}")
   if source == "default":
-    return models.load_default()
+    return models.load_default(dtype=dtype or "float32")
   _check(bool(path), "config.model.path", path, f"source {source!r} needs a path")
   if source == "hf":
-    return models.load_hf(path)
+    return models.load_hf(path, dtype=dtype or None)
   if source == "gguf":
-    return models.load_gguf(path)
-  base = {"source": model_config.get("base_source") or "default"}
+    return models.load_gguf(path, dtype=dtype or "float32")
+  base = {"source": model_config.get("base_source") or "default", "dtype": dtype}
   base["path"] = model_config.get("base_path")
   _check(base["source"] != "orbax", "config.model.base_source", "orbax", "the base is not orbax")
   step = model_config.get("step")
   params = restore_params(path, step=None if step is None else int(step))
   model, tokenizer = load_model(base)
+  # The checkpoint's params keep their dtype (float32 masters of a bf16 model stay float32);
+  # the model computes in the base config's dtype (`forward` casts).
   return models.from_params(model.config, params), tokenizer
 
 

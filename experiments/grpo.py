@@ -13,6 +13,7 @@ input of step g is a function of (seed, g), a resumed run repeats the uninterrup
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -23,6 +24,8 @@ from es_jax import grpo_train
 from experiments import train_lib
 
 ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
+MASTER_DTYPES = ("float32", "")
+log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict):
@@ -50,7 +53,14 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
   train_lib.check(rows % mini == 0, "grpo.mini_batch_size", cfg.mini_batch_size,
                   f"must divide the {rows} rollout rows (prompts_per_step x num_generations)")
   optimizer = make_optimizer(cfg)
-  state = grpo_train.init_state(params, optimizer, mesh=ctx.mesh)
+  master = cfg.master_dtype
+  train_lib.check(master in MASTER_DTYPES, "grpo.master_dtype", master, f"use {MASTER_DTYPES}")
+  state = grpo_train.init_state(params, optimizer, mesh=ctx.mesh, master_dtype=master or None)
+  log.info(
+    "GRPO: forward/backward in %s, master weights and AdamW state in %s",
+    ctx.model_config.dtype,
+    jax.tree.leaves(state.params)[0].dtype,
+  )
   ref_params = ctx.base_params if float(cfg.beta) > 0 else None
   loop = train_lib.Loop(ctx, stage, state)
   state = loop.state

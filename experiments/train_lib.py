@@ -80,6 +80,9 @@ def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
   check(preset in models.PRESETS, "model.preset", preset, f"use one of {sorted(models.PRESETS)}")
   tokenizer = gguf_loader.default_tokenizer()
   cfg = dataclasses.replace(models.get_config(preset), vocab_size=len(tokenizer))
+  dtype = model_config.get("dtype") or ""
+  check(dtype in evaluate.MODEL_DTYPES, "model.dtype", dtype, f"use one of {evaluate.MODEL_DTYPES}")
+  cfg = cfg.replace(dtype=dtype or cfg.dtype)
   seed_int = int(jax.random.randint(run_keys(seed)["init"], (), 0, 2**31 - 1))
   return models.Transformer(cfg, rngs=nnx.Rngs(seed_int)), tokenizer
 
@@ -222,7 +225,7 @@ class Evaluator:
     count = min(self.config.periodic_limit, len(self.examples))
     examples = [self.examples[i] for i in range(count)]
     summary = evaluate.evaluate_model(
-      params,
+      models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
       model_config,
       self.tokenizer,
       examples,
@@ -236,7 +239,7 @@ class Evaluator:
     """The full evaluation written into `out_dir` (resumable, see experiments.evaluate)."""
     n = int(self.config.num_samples)
     return evaluate.evaluate_tasks(
-      params,
+      models.cast_params(params, model_config.jnp_dtype),
       model_config,
       self.tokenizer,
       [evaluate.TaskSpec(self.label, self.task, self.examples), *self.extra],

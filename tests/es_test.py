@@ -285,3 +285,40 @@ def test_bad_inputs_name_the_value(key):
     es.shape_fitness(jnp.zeros((N,)), population_size=N, shaping=jnp.sum)
   with pytest.raises(ValueError, match=r"fitness_weights has shape \(4,\), expected \(8,\)"):
     es.es_update_direction(params, jnp.zeros((4,)), key, population_size=N)
+
+
+def test_precision_modes_update_as_the_numpy_reference(key):
+  # One ES update of bf16 weights (LLM-like scale) in each es.precision mode of the runner, against
+  # numpy/ml_dtypes: "fp32" keeps float32 masters θ + (α/N) Σ z_i ε_i; "bf16" and
+  # "bf16_faithful" round that sum once to bf16, so updates below half an ulp are lost.
+  import ml_dtypes
+  from ml_collections import ConfigDict
+
+  from experiments import es as es_runner
+
+  rng = np.random.default_rng(0)
+  w16 = (0.02 * rng.standard_normal((3, 8, 16))).astype(ml_dtypes.bfloat16)
+  base = {"b": jnp.asarray(np.ones(6), jnp.bfloat16), "w": jnp.asarray(w16)}
+  cfg = dict(optimizer="sgd", learning_rate=2.5e-3, rank=0, population_size=N, sigma=1.5e-3)
+  cfg = ConfigDict(dict(cfg, shaping="zscore", antithetic=False, low_rank_vectors="full"))
+  opt = es_runner.make_optimizer(cfg)
+  r = jnp.asarray(rng.standard_normal(N), jnp.float32)
+  delta = jax.tree.map(lambda d: -cfg.learning_rate * d, _explicit(base, fitness.zscore(r), key))
+  exact = jax.tree.map(lambda p, d: np.asarray(p, np.float64) + d, base, delta)
+  got = {}
+  for mode in es_runner.PRECISIONS:
+    master = es_runner.master_weights(jax.tree.map(jnp.copy, base), mode, jnp.bfloat16)
+    state = {"params": master, "opt_state": opt.init(master)}
+    got[mode] = es_runner._apply(state, r, key, optimizer=opt)["params"]
+  for name in base:
+    np.testing.assert_allclose(got["fp32"][name], exact[name], rtol=0, atol=1e-7)
+    assert got["fp32"][name].dtype == jnp.float32
+    rounded = exact[name].astype(np.float32).astype(ml_dtypes.bfloat16)
+    for mode in ("bf16", "bf16_faithful"):
+      assert got[mode][name].dtype == jnp.bfloat16
+      same = np.asarray(got[mode][name]).view(np.uint16) == rounded.view(np.uint16)
+      assert same.mean() > 0.99  # ties at half an ulp may round either way (summation order)
+  # The modes really differ: bf16 rounding dropped updates that the masters kept.
+  w32 = np.asarray(got["fp32"]["w"])
+  assert np.mean(w32 != np.asarray(got["bf16"]["w"], np.float32)) > 0.5
+  assert np.mean(np.asarray(got["bf16"]["w"]) == w16) > 0.01

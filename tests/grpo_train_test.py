@@ -5,6 +5,7 @@ All update steps share a few static settings so the suite compiles `update_step`
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import optax
 import pytest
@@ -12,7 +13,14 @@ from flax import nnx
 
 from es_jax import grpo_train as gt
 from es_jax.grpo import grpo_loss, token_logprobs
-from es_jax.models import Transformer, forward, get_config, params, positions_from_mask
+from es_jax.models import (
+  Transformer,
+  cast_params,
+  forward,
+  get_config,
+  params,
+  positions_from_mask,
+)
 
 CONFIG = get_config(
   "tiny-llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
@@ -248,3 +256,53 @@ def test_bad_input_raises_naming_the_value(setup):
     gt.update_step(state, batch, mesh=mesh, **TRAIN)
   with pytest.raises(ValueError, match="rows P·G=12 is not divisible by devices on 'pop'=8"):
     gt.rollout(params0, ids[:3], mask[:3], num_generations=G, mesh=mesh, **kw)
+
+
+
+def test_bf16_model_trains_float32_masters():
+  # A bf16 model (the paper's checkpoints): forward/backward in bf16, float32 master weights.
+  # With SGD the master update is exactly −lr × the gradient of the bf16 model's loss, applied
+  # without rounding; pure-bf16 AdamW (master_dtype=None) keeps bf16 everywhere (the scan carry
+  # must not change dtype) and at a small lr leaves most weights where they were.
+  cfg = CONFIG.replace(dtype="bfloat16")
+  p16 = cast_params(params(Transformer(CONFIG, rngs=nnx.Rngs(3))), jnp.bfloat16)
+  ids, mask = prompts()
+  key = jax.random.key(4)
+  _, batch = gt.rollout(p16, ids, mask, config=cfg, key=key, num_generations=G, max_new_tokens=T)
+  batch, _ = gt.with_advantages(batch, np.random.RandomState(5).randn(P, G).astype(np.float32))
+  kw = dict(config=cfg, mini_batch_size=P * G, micro_batch_size=P * G // 2)
+  sgd = optax.sgd(1.0)
+  state = gt.init_state(p16, sgd)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
+  new, metrics = gt.update_step(state, batch, optimizer=sgd, aggregation="token_mean", **kw)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(gt.policy_params(new, cfg)))
+
+  def loss(p):
+    length = batch.completion_length
+    logp, _ = gt.completion_logprobs(
+      p, batch.tokens, batch.mask, config=cfg, completion_length=length
+    )
+    m = batch.loss_mask[:, -length:]
+    old = jax.lax.stop_gradient(logp)
+    return grpo_loss(logp, old, None, batch.advantages, m, aggregation="token_mean")[0]
+
+  grads = jax.grad(loss)(p16)  # eager bf16: rounding differs from the jitted step by a few ulps
+  scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads))
+  assert scale > 1e-4
+  for g, p0, p1 in zip(*map(jax.tree.leaves, (grads, p16, new.params)), strict=True):
+    delta = np.asarray(p1) - np.asarray(p0, np.float32)
+    np.testing.assert_allclose(delta, -np.asarray(g, np.float32), rtol=0.05, atol=1e-3 * scale)
+  # The masters hold the unrounded sum: most updated weights are not bf16 numbers any more.
+  flat = np.concatenate([np.asarray(x).ravel() for x in jax.tree.leaves(new.params)])
+  assert np.mean(flat.astype(ml_dtypes.bfloat16).astype(np.float32) != flat) > 0.5
+
+  adam = gt.make_optimizer(1e-5)
+  state = gt.init_state(p16, adam, master_dtype=None)
+  new, metrics = gt.update_step(state, batch, p16, optimizer=adam, beta=0.01, **kw)
+  assert np.all(np.isfinite(np.asarray(metrics["loss"])))
+  arrays = [x for x in jax.tree.leaves((new.params, new.opt_state)) if x.ndim > 0]
+  assert all(x.dtype == jnp.bfloat16 for x in arrays)
+  pairs = zip(jax.tree.leaves(new.params), jax.tree.leaves(p16), strict=True)
+  changed = [np.mean(np.asarray(a) != np.asarray(b)) for a, b in pairs]
+  assert 0 < np.mean(changed) < 0.5, changed  # lr 1e-5 steps are mostly below bf16's resolution

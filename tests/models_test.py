@@ -11,6 +11,7 @@ from tiny_models import padded_batch, tiny_tokenizer, torch_logits, torch_model
 
 from es_jax.models import (
   Transformer,
+  cast_params,
   forward,
   get_config,
   init_cache,
@@ -319,3 +320,20 @@ def test_load_hf_errors_name_the_problem(hf_checkpoint, tmp_path):
 def test_load_gguf_missing_file(tmp_path):
   with pytest.raises(FileNotFoundError, match="nope.gguf"):
     load_gguf(tmp_path / "nope.gguf")
+
+
+def test_float32_masters_compute_in_the_config_dtype(key):
+  # Master weights in float32 under a bf16 config: forward casts them, so the logits equal those
+  # of the bf16 weights exactly, and differ from a float32 forward.
+  cfg16 = get_config("tiny-qwen2", dtype="bfloat16")
+  p32 = params(Transformer(cfg16.replace(dtype="float32"), rngs=nnx.Rngs(0)))
+  p16 = cast_params(p32, jnp.bfloat16)
+  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(p16))
+  assert cast_params(p16, jnp.bfloat16)["embed"] is p16["embed"]  # no copy when already cast
+  tokens = jax.random.randint(key, (2, 6), 0, cfg16.vocab_size)
+  pos = jnp.broadcast_to(jnp.arange(6), (2, 6))
+  out32_as16 = forward(p32, tokens, pos, config=cfg16)[0]
+  out16 = forward(p16, tokens, pos, config=cfg16)[0]
+  out32 = forward(p32, tokens, pos, config=cfg16.replace(dtype="float32"))[0]
+  np.testing.assert_array_equal(np.asarray(out32_as16), np.asarray(out16))
+  assert float(jnp.max(jnp.abs(out16 - out32))) > 1e-4

@@ -82,13 +82,17 @@ def _assert_run_outputs(workdir, ckpt_dir):
 
 
 def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
-  config = _config(demo_config)
+  # In bf16, as the paper's checkpoints: ES and GRPO train float32 masters, the export is bf16.
+  config = _config(demo_config, model__dtype="bfloat16")
   result = demo.run(config, str(tmp_path))
   assert result["stopped"] is False
   for name in ("es", "grpo"):
     rows = _assert_run_outputs(str(tmp_path / name), str(tmp_path / name / "checkpoints"))
     steps = [r["step"] for r in rows]
     assert steps == sorted(steps) and steps[-1] == config[name].num_steps
+    _, saved = _params(str(tmp_path / name / "checkpoints"))
+    assert {a.dtype for a in saved.values()} == {np.dtype(np.float32)}
+    assert json.load(open(tmp_path / name / "hf" / "config.json"))["dtype"] == "bfloat16"
   for name, (m1, m2) in (("grpo_es", ("grpo", "es")), ("es_grpo", ("es", "grpo"))):
     workdir = tmp_path / name
     _assert_run_outputs(str(workdir), str(workdir / f"stage2_{m2}" / "checkpoints"))

@@ -6,6 +6,7 @@ from es_jax.models.hf import load_hf, save_hf
 from es_jax.models.transformer import (
   KVCache,
   Transformer,
+  cast_params,
   forward,
   from_params,
   init_cache,

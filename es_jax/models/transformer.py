@@ -91,6 +91,23 @@ def unstack_layers(tree: Params) -> Params:
   return {**tree, "layers": tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(n))}
 
 
+def cast_params(tree: Any, dtype: Any) -> Any:
+  """`tree` with every floating-point array cast to `dtype` (integer and key leaves untouched).
+
+  Mixed precision: master weights may be float32 while the model computes in its config's dtype
+  (bf16 for the paper's checkpoints); `forward` casts with this, and hot loops cast once before
+  the loop. A no-op (no copy) for leaves that already have `dtype`.
+  """
+  dtype = jnp.dtype(dtype)
+
+  def cast(x):
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+      return x.astype(dtype)
+    return x
+
+  return jax.tree.map(cast, tree)
+
+
 def param_shapes(config: ModelConfig) -> Params:
   """Shapes of every parameter, as a nested dict matching `params(model)`."""
   c = config
@@ -252,9 +269,13 @@ def forward(
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).
+
+  Parameters of another floating dtype than `config.dtype` (e.g. float32 master weights of a
+  bf16 model) are cast to it here, so the compute dtype is always the config's.
   """
   c = config
   B, S = tokens.shape
+  params = cast_params(params, c.jnp_dtype)
   deltas = deltas or {}
   layers = params["layers"]
   unrolled = isinstance(layers, (list, tuple))

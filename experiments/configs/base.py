@@ -33,7 +33,11 @@ def base_config() -> ml_collections.ConfigDict:
   c.seed = 0
   # source: default (bundled SmolLM2 GGUF) | hf | gguf | orbax | random. "random" builds
   # `preset` with random weights and the bundled SmolLM2 tokenizer (for smoke runs and tests).
-  c.model = dict(source="default", path="", base_source="default", base_path="", preset="")
+  # dtype: the compute dtype; "" keeps the checkpoint's (bf16 for the paper's HF checkpoints),
+  # or "bfloat16" / "float32" / "float16". Master weights: see es.precision, grpo.master_dtype.
+  c.model = dict(
+    source="default", path="", base_source="default", base_path="", preset="", dtype=""
+  )
   c.data = dict(
     task="reasoning_gym/chain_sum",
     split="train",
@@ -77,7 +81,14 @@ def base_config() -> ml_collections.ConfigDict:
     antithetic=False,
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
-    precision="fp32",  # "fp32" | "bf16_faithful"
+    # Weights and arithmetic for a bf16 (or fp16) model; all three are the same for fp32 models.
+    #   "fp32": float32 master weights (default): members θ + σε and the update are computed
+    #     in float32, members run in the model's dtype.
+    #   "bf16": weights kept in the model's dtype; θ + σε and θ + Δ rounded once to it (small
+    #     updates below its resolution are lost).
+    #   "bf16_faithful": weights in the model's dtype with the reference PyTorch code's
+    #     arithmetic for members: round(w + round(σ · round(ε))) (es_jax.noise.apply_noise).
+    precision="fp32",
     members_per_chunk=1,  # members vmapped together on a device
     max_new_tokens=64,
     temperature=0.0,  # 0 = greedy fitness (the paper's Easy setting)
@@ -89,6 +100,10 @@ def base_config() -> ml_collections.ConfigDict:
     learning_rate=1e-6,
     weight_decay=0.0,
     max_grad_norm=1.0,
+    # AdamW master weights and moments: "float32" (default; forward/backward run in the model's
+    # dtype, as verl and TRL train bf16 models), or "" to keep the model's dtype (pure bf16
+    # AdamW: at lr 1e-6 most updates are below bf16's resolution).
+    master_dtype="float32",
     beta=0.001,  # k3 KL weight against the base model (0 skips the reference)
     eps_low=0.2,
     eps_high=0.2,
