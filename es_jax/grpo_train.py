@@ -133,6 +133,33 @@ def init_state(
   return jax.tree.map(place, state)
 
 
+def abstract_state(
+  params: Params, optimizer: optax.GradientTransformation, *, master_dtype: Any = jnp.float32
+) -> GRPOState:
+  """The `init_state` state as `jax.ShapeDtypeStruct`s (no arrays made; params may be abstract
+  too), for `update_step(..., lower=True)`. Leaves of params with a sharding keep it; the
+  optimizer moments take their params' sharding."""
+
+  def master(x):
+    dtype = x.dtype
+    if master_dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+      dtype = jnp.dtype(master_dtype)
+    return jax.ShapeDtypeStruct(x.shape, dtype, sharding=getattr(x, "sharding", None))
+
+  params = jax.tree.map(master, params)
+  opt_state = jax.eval_shape(optimizer.init, params)
+  by_shape = {(p.shape, p.dtype): p.sharding for p in jax.tree.leaves(params)}
+  meshes = [s.mesh for s in by_shape.values() if isinstance(s, NamedSharding)]
+  scalar = NamedSharding(meshes[0], PartitionSpec()) if meshes else None
+
+  def place(x):  # a moment has its param's shape; scalars (counts, hyperparameters) replicate
+    sharding = by_shape.get((x.shape, x.dtype), scalar) if x.ndim else scalar
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+  opt_state = jax.tree.map(place, opt_state)
+  return GRPOState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=scalar))
+
+
 def policy_params(state: GRPOState, config: ModelConfig) -> Params:
   """The state's params in the model's compute dtype (`config.dtype`): what to sample with and
   what to evaluate or export. The same arrays when masters and model share a dtype."""
@@ -156,7 +183,8 @@ def update_step(
   chunk_size: int | None = None,
   mesh: Mesh | None = None,
   data_axis: str = "pop",
-) -> tuple[GRPOState, dict[str, jax.Array]]:
+  lower: bool = False,
+) -> tuple[GRPOState, dict[str, jax.Array]] | jax.stages.Lowered:
   """B / mini_batch_size optimizer steps on one rollout, minimising `es_jax.grpo.grpo_loss`.
 
   Jitted with `state` donated: do not reuse the state passed in, and keep `ref_params` in buffers
@@ -180,6 +208,10 @@ def update_step(
     mesh, data_axis: the device mesh and the batch's axis on it. Params (and the optimizer
       state) keep the shardings they come with: replicated (`replicate`), or split over another
       mesh axis (e.g. es_jax.sharding.shard_params over 'model'); the mesh needs Auto axes.
+    lower: return the lowered program (`jax.stages.Lowered`) instead of running it. Every check
+      here reads shapes only, so `state`, `batch` and `ref_params` may be abstract
+      (`jax.ShapeDtypeStruct`s with shardings, e.g. `abstract_state`): compile the result for
+      any target, a TPU topology included, and read its memory and cost analyses.
 
   Returns:
     (new state, metrics) with one entry per optimizer step ([B / M] float32 arrays): `loss`,
@@ -220,7 +252,8 @@ def update_step(
     ref_params = None  # No KL term: skip the reference forward pass entirely.
   elif ref_params is None:
     raise ValueError(f"beta={beta} > 0 needs ref_params (the frozen reference policy).")
-  return _update_step(
+  program = _update_step.lower if lower else _update_step
+  return program(
     state,
     batch,
     ref_params,

@@ -259,6 +259,26 @@ def test_bad_input_raises_naming_the_value(setup):
 
 
 
+def test_update_step_lowers_from_abstract_inputs(setup, exact_steps):
+  # The program alone, from shapes and shardings (what a TPU planner compiles): the compiled
+  # executable run on real arrays gives the step `update_step` runs.
+  params0, _, batch = setup
+  mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
+  abstract = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # noqa: E731
+  ref, batch = gt.replicate(params0, mesh), gt.shard_batch(batch, mesh)
+  state = gt.abstract_state(jax.tree.map(abstract, ref), SGD)
+  assert state.params["embed"].dtype == jnp.float32 and state.step.sharding.mesh == mesh
+  batch_a, ref_a = jax.tree.map(abstract, (batch, ref))
+  lowered = gt.update_step(state, batch_a, ref_a, mesh=mesh, lower=True, **EXACT)
+  compiled = lowered.compile()
+  assert compiled.memory_analysis().temp_size_in_bytes > 0
+  scalars = [jnp.asarray(EXACT[k], jnp.float32) for k in ("eps_low", "eps_high", "beta")]
+  new, _ = compiled(gt.init_state(params0, SGD, mesh=mesh), batch, ref, *scalars)
+  want = exact_steps[1][0].params
+  for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_bf16_model_trains_float32_masters():
   # A bf16 model (the paper's checkpoints): forward/backward in bf16, float32 master weights.
   # With SGD the master update is exactly −lr × the gradient of the bf16 model's loss, applied
