@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
+from es_jax import models
 from es_jax.checkpoint import Checkpointer
 from experiments import demo, es, grpo, sequential, train_lib
 from experiments.configs import deepscaler_hard, gsm8k_easy
@@ -64,6 +65,19 @@ def _leaves(tree, prefix=()):
       yield from _leaves(tree[k], (*prefix, k))
   else:
     yield prefix, tree
+
+
+def _assert_trained(workdir, params):
+  """The run's rewards varied (across ES members or GRPO samples) and its weights left the base
+  model's: only then does comparing two runs' weights show anything. Smoke configs score with
+  es_jax.rewards.synthetic.char_parity, which varies on a random model."""
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  spread = [r.get("fitness/std", r.get("reward/std", 0.0)) for r in rows if r["step"] > 0]
+  assert spread and max(spread) > 0, "rewards never varied"
+  model, _ = train_lib.load_model(_config(demo_config).model, seed=0)
+  base = {"/".join(map(str, k)): np.asarray(v) for k, v in _leaves(models.params(model))}
+  assert set(base) == set(params)
+  assert any(not np.array_equal(params[k], base[k]) for k in params), "weights never moved"
 
 
 def _assert_run_outputs(workdir, ckpt_dir):
@@ -180,6 +194,7 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, m
   sequential.run(config, str(tmp_path))
   stage2 = tmp_path / "stage2_es" / "checkpoints"
   _, final = _params(str(stage2))
+  _assert_trained(str(tmp_path), final)
   before = read_metrics(str(tmp_path / "metrics.jsonl"))
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
@@ -290,7 +305,9 @@ def es_reference(tmp_path_factory):
   """An uninterrupted 4-step ES smoke run (subprocess) and its final params."""
   workdir = str(tmp_path_factory.mktemp("es_reference"))
   _run(workdir, "--config.method=es", "--config.es.num_steps=4")
-  return (*_params(os.path.join(workdir, "checkpoints")), workdir)
+  step, params = _params(os.path.join(workdir, "checkpoints"))
+  _assert_trained(workdir, params)  # so the resume tests compare weights that moved
+  return step, params, workdir
 
 
 def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
@@ -338,6 +355,7 @@ def test_grpo_sigkill_resume_matches(tmp_path):
   _, ref = _params(os.path.join(ref_dir, "checkpoints"))
   step, params = _params(os.path.join(workdir, "checkpoints"))
   assert step == 2
+  _assert_trained(ref_dir, ref)
   for k in ref:
     np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
 

@@ -9,6 +9,7 @@
 | `qa`            | qa.py        | answer (string or aliases)        | EM (or F1)              |
 | `code`          | code.py      | test_list, [test_setup_code]      | 1 if all asserts pass   |
 | `reasoning_gym` | gym_tasks.py | answer, metadata.source_dataset   | the task's score_answer |
+| `char_parity`   | synthetic.py | (none)                            | share of odd characters |
 
 Dataset names map onto these (`aime24` → math, `mbpp` → code, `hotpotqa` → qa, ...; see
 `TASK_REWARDS`). Every verifier bounds its time on hostile input: extraction is linear in the
@@ -38,6 +39,11 @@ from es_jax.rewards.math import (
   math_reward,
 )
 from es_jax.rewards.qa import exact_match, f1_score, qa_answer_key, qa_correct, qa_reward
+from es_jax.rewards.synthetic import (
+  char_parity_answer_key,
+  char_parity_correct,
+  char_parity_reward,
+)
 
 REWARDS: dict[str, Callable[..., float]] = {
   "math": math_reward,
@@ -47,6 +53,7 @@ REWARDS: dict[str, Callable[..., float]] = {
   "qa": qa_reward,
   "code": code_reward,
   "reasoning_gym": reasoning_gym_reward,
+  "char_parity": char_parity_reward,  # smoke runs: varies on a random model (synthetic.py)
 }
 _CORRECT = {
   "math": math_correct,
@@ -56,6 +63,7 @@ _CORRECT = {
   "qa": qa_correct,
   "code": code_correct,
   "reasoning_gym": reasoning_gym_correct,
+  "char_parity": char_parity_correct,
 }
 _ANSWER_KEY = {
   "math": math_answer_key,
@@ -65,6 +73,7 @@ _ANSWER_KEY = {
   "qa": qa_answer_key,
   "code": lambda completion: None,  # programs are not voted on: Maj@k abstains
   "reasoning_gym": reasoning_gym_answer_key,
+  "char_parity": char_parity_answer_key,
 }
 # Dataset names (es_jax.data) → reward names.
 TASK_REWARDS = {
@@ -124,6 +133,7 @@ __all__ = [
   "TASK_REWARDS",
   "answer_key",
   "answers_equal",
+  "char_parity_reward",
   "choice_reward",
   "code_reward",
   "countdown_reward",
