@@ -19,7 +19,7 @@ import jax.numpy as jnp
 ZSCORE_EPS = 1e-8
 
 
-def _replace_non_finite(r: jax.Array, axis: int | None = None) -> jax.Array:
+def replace_non_finite(r: jax.Array, axis: int | None = None) -> jax.Array:
   """Replaces non-finite entries by ``min_finite - gap`` along ``axis`` (module docstring).
 
   A slice with no finite value becomes all zeros (equal values, hence zero weights).
@@ -52,7 +52,7 @@ def zscore(fitness: jax.Array) -> jax.Array:
   Returns:
     ``[N]`` float32 weights; zeros if all ``R_i`` are equal.
   """
-  r = _replace_non_finite(_as_float32(fitness, 1, "zscore"))
+  r = replace_non_finite(_as_float32(fitness, 1, "zscore"))
   centred = r - jnp.mean(r)
   z = centred / (jnp.std(r) + ZSCORE_EPS)
   # Equal values can leave a rounding residue in `centred` that the tiny std would amplify.
@@ -99,7 +99,7 @@ def per_prompt_zscore(fitness: jax.Array) -> jax.Array:
     ``[N]`` float32 weights; zeros if every prompt column is constant. Non-finite entries are
     replaced per prompt column by that column's ``min_finite - gap``.
   """
-  r = _replace_non_finite(_as_float32(fitness, 2, "per_prompt_zscore"), axis=0)
+  r = replace_non_finite(_as_float32(fitness, 2, "per_prompt_zscore"), axis=0)
   centred = r - jnp.mean(r, axis=0, keepdims=True)  # [N, P]
   constant = jnp.max(r, axis=0, keepdims=True) == jnp.min(r, axis=0, keepdims=True)  # [1, P]
   centred = jnp.where(constant, 0.0, centred)

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from es_jax import fitness
+
 STD_MODES = ("population", "unbiased", None)
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
 
@@ -45,7 +47,9 @@ def group_advantages(
   - None: no division, Â_{p,i} = r_{p,i} − r̄_p (Dr.GRPO, arXiv 2503.20783); `eps` is unused.
 
   A group whose rewards are all equal carries no learning signal: its advantages are exactly 0,
-  whatever the rounding of r̄_p. NaN rewards propagate (replace them before calling).
+  whatever the rounding of r̄_p. A non-finite reward (NaN, ±inf) ranks worst in its group, as in
+  ES (es_jax.fitness): it is replaced by that group's min_finite − gap before centring, so the
+  advantages stay finite; a group with no finite reward gets zero advantages.
 
   Args:
     rewards: [P, G] rewards, one row per prompt, one column per generation.
@@ -79,7 +83,7 @@ def group_advantages(
   if eps_value is not None and not eps_value >= 0.0:
     raise ValueError(f"eps={eps_value} must be >= 0 (it is added to the group std).")
 
-  r = rewards.astype(jnp.float32)  # [P, G]
+  r = fitness.replace_non_finite(rewards.astype(jnp.float32), axis=1)  # [P, G]
   centred = r - jnp.mean(r, axis=1, keepdims=True)  # [P, G]
   sum_sq = jnp.sum(jnp.square(centred), axis=1, keepdims=True)  # [P, 1]
   if std is None:

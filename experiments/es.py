@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformationExtraArgs:
   """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names."""
   train_lib.check(cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}")
-  train_lib.check(cfg.learning_rate > 0, "es.learning_rate", cfg.learning_rate, "need > 0")
+  train_lib.positive_finite(cfg.learning_rate, "es.learning_rate")
+  train_lib.positive_finite(cfg.sigma, "es.sigma")
   train_lib.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
   try:
     grad = es_lib.es_gradient(
@@ -137,6 +138,8 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     shaped = stats.rewards if cfg.shaping == "per_prompt_zscore" else fitness
     state = _apply(state, shaped, step_key, optimizer=optimizer)
     values = step_metrics(fitness, stats)
+    # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
+    values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))
     n_tokens = float(np.sum(stats.completions.lengths))
     values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
     loop.end_step(step, state, values, params=state["params"])

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict):
+  train_lib.positive_finite(cfg.learning_rate, "grpo.learning_rate")
   try:
     return grpo_train.make_optimizer(
       float(cfg.learning_rate),
@@ -109,6 +110,8 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
       "reward/std": float(rewards.std()),
       "reward/per_prompt": rewards.mean(axis=1),
       "reward/frac_groups_all_equal": float(np.mean(rewards.max(1) == rewards.min(1))),
+      # Non-finite rewards rank worst in their group (es_jax.grpo.group_advantages); count them.
+      "reward/non_finite": int(np.sum(~np.isfinite(rewards))),
     }
     rollout = jax.device_get(grpo_train.rollout_stats(completions))
     values.update({f"rollout/{k.removeprefix('rollout_')}": float(v) for k, v in rollout.items()})

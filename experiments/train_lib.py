@@ -19,12 +19,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from etils import epath
@@ -148,6 +150,13 @@ def encode_examples(tokenizer, examples: Sequence[dict]) -> tuple[np.ndarray, np
 def eos_ids(tokenizer) -> tuple[int, ...]:
   ids = {tokenizer.eos_token_id}
   return tuple(sorted(i for i in ids if i is not None))
+
+
+def positive_finite(value: Any, field: str) -> float:
+  """`value` as a float, or ValueError naming `field` unless it is a finite number > 0."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  check(ok and math.isfinite(value) and value > 0, field, value, "need a finite number > 0")
+  return float(value)
 
 
 def pad_id(tokenizer) -> int:
@@ -420,6 +429,19 @@ class StageResult(NamedTuple):
   finished: bool  # False: stopped early by SIGTERM (a checkpoint was saved)
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  """One device reduction: whether every floating-point leaf of `tree` is finite."""
+  flags = [
+    jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.inexact)
+  ]
+  return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
+
+
+class NonFiniteParamsError(FloatingPointError):
+  """An update produced NaN or ±inf parameters; the run stops before saving them."""
+
+
 class Loop:
   """Checkpoint restore, logger, progress bar and SIGTERM handling around a stage's steps.
 
@@ -509,8 +531,20 @@ class Loop:
     return time.perf_counter() - self._t
 
   def end_step(self, step: int, state: Any, values: Mapping[str, Any], *, params=None) -> None:
-    """Logs the step (plus a periodic eval when due), then checkpoints it."""
+    """Logs the step (plus a periodic eval when due), then checkpoints it.
+
+    Raises:
+      NonFiniteParamsError: the updated parameters hold NaN or ±inf; the step's metrics are
+        logged, nothing is checkpointed, and the last checkpoint stays the newest.
+    """
     values = dict(values)
+    if not bool(_all_finite(state if params is None else params)):
+      self.log(step, values)
+      self.close()  # commits the previous (finite) checkpoint still being written
+      raise NonFiniteParamsError(
+        f"{self.stage.name}: the update of step {self.stage.offset + step} made parameters NaN or "
+        "infinite; stopped before checkpointing them (lower the learning rate, check rewards)."
+      )
     if params is not None:
       values["drift"] = float(metrics.relative_drift(params, self.ctx.base_params))
       if self.ctx.evaluator.due(step, self.stage.num_steps):

@@ -1,0 +1,99 @@
+"""Non-finite rewards and parameters: GRPO ranks NaN rewards worst, no runner saves NaN weights,
+non-finite learning rates are refused."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from es_jax import grpo as grpo_lib
+from es_jax.checkpoint import Checkpointer
+from experiments import es, grpo, train_lib
+from experiments.configs import demo as demo_config
+from experiments.logger import read_metrics
+
+
+def _config(**overrides) -> ConfigDict:
+  c = ConfigDict(demo_config.get_config("smoke").to_dict())
+  c.progress = False
+  c.eval.every, c.eval.final, c.export_hf = 0, False, False
+  for dotted, value in overrides.items():
+    node = c
+    *parents, leaf = dotted.split("__")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  c.lock()
+  return c
+
+
+def test_group_advantages_rank_non_finite_rewards_worst():
+  rewards = jnp.array([[1.0, jnp.nan, 0.0, 0.5], [jnp.inf, 1.0, 1.0, 0.0], [jnp.nan] * 4])
+  adv, stats = grpo_lib.group_advantages(rewards)
+  adv = np.asarray(adv)
+  assert np.all(np.isfinite(adv)) and all(np.isfinite(float(v)) for v in stats.values())
+  assert adv[0, 1] == adv[0].min() < adv[0, 2]  # NaN below the finite 0.0
+  assert adv[1, 0] == adv[1].min() < adv[1, 3]  # +inf is not a great reward either
+  np.testing.assert_array_equal(adv[2], 0.0)  # nothing finite: no signal
+  finite = np.asarray(grpo_lib.group_advantages(jnp.array([[1.0, 0.0, 0.0, 0.5]]))[0])
+  assert not np.allclose(finite[0], adv[0])  # the NaN row is not just passed through as zero
+
+
+def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatch):
+  real = train_lib.make_scorer
+
+  def nan_first_row(tokenizer, reward):
+    score = real(tokenizer, reward)
+
+    def wrapped(tokens, mask, examples):
+      out = score(tokens, mask, examples)
+      out[0] = np.nan
+      return out
+
+    return wrapped
+
+  monkeypatch.setattr(train_lib, "make_scorer", nan_first_row)
+  config = _config(method="grpo", grpo__num_steps=1)
+  grpo.run(config, str(tmp_path))
+  rows = [r for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl")) if r["step"] == 1]
+  assert rows and rows[0]["reward/non_finite"] == 1
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  state = ckpt.restore().state
+  ckpt.close()
+  leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+  assert all(np.all(np.isfinite(x)) for x in leaves if np.issubdtype(x.dtype, np.floating))
+
+
+def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
+  real = es._apply
+
+  calls = []
+
+  def poison_step_two(state, fitness, step_key, *, optimizer):
+    out = real(state, fitness, step_key, optimizer=optimizer)
+    calls.append(1)
+    if len(calls) == 2:  # one NaN in one leaf is enough
+      leaves, tree = jax.tree.flatten(out["params"])
+      leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(jnp.nan)
+      out = {**out, "params": jax.tree.unflatten(tree, leaves)}
+    return out
+
+  monkeypatch.setattr(es, "_apply", poison_step_two)
+  config = _config(method="es", es__num_steps=2, checkpoint__every=1)
+  with pytest.raises(train_lib.NonFiniteParamsError, match=r"es: the update of step 2"):
+    es.run(config, str(tmp_path))
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  assert ckpt.all_steps() == [1]
+  ckpt.close()
+
+
+@pytest.mark.parametrize("method", ["es", "grpo"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_non_finite_learning_rate_is_refused(method, value):
+  cfg = _config(**{f"{method}__learning_rate": value})[method]
+  runner = es if method == "es" else grpo
+  with pytest.raises(ValueError, match=rf"config\.{method}\.learning_rate=.*finite"):
+    runner.make_optimizer(cfg)
