@@ -144,6 +144,11 @@ def test_missing_args_print_usage(env, script):
     ("stop.sh", ["--wait"], "stop_run TERM 1"),
     ("status.sh", ["gs://b/run"], "newest_checkpoints gs://b/run"),
     ("launch.sh", ["experiments/configs/deepscaler_hard.py", "gs://b/run"], "tpu-vm ssh t1"),
+    (
+      "stage_data.sh",
+      ["gs://b/qwen", "/data/qwen"],
+      "gcloud storage rsync -r gs://b/qwen /data/qwen",
+    ),
   ],
 )
 def test_dry_run_prints_commands_only(env, script, args, expect):
@@ -218,6 +223,7 @@ def test_launch_without_planner_needs_skip_plan(env):
     (["--config.es.sigma", "0.1"], "--config.KEY=VALUE"),
     (["--dryrun"], "unknown option: --dryrun"),
     (["--config.model.path=/no/such/model"], "not launched"),
+    (["--config.model.path=~/qwen"], "give an absolute path"),
   ],
 )
 def test_launch_refuses_bad_input_before_starting(env, args, message):

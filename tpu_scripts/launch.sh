@@ -77,7 +77,10 @@ for o in "${overrides[@]}"; do
     --config.model.path=* | --config.data.source_dir=* | --config.eval.source_dir=* | \
       --config.data.data_dir=*)
       value="${o#*=}"
-      case "$value" in /* | ./* | ../* | "~"/*) paths+=("$value") ;; esac
+      case "$value" in
+        "~"*) die "$o: ~ is not expanded inside an override; give an absolute path" ;;
+        /* | ./* | ../*) paths+=("$value") ;;
+      esac
       ;;
   esac
 done
@@ -90,7 +93,7 @@ dir_q="$(printf %q "$REMOTE_DIR")"
 if ((DRY_RUN)); then
   tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")"
 else
-  report="$(tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")" 2>&1)" || true
+  report="$(tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")")" || true
   echo "$report"
   if grep -q ': FAIL ' <<<"$report" || ! grep -q ': ready' <<<"$report"; then
     die "not launched: a worker is not ready (lines above)"

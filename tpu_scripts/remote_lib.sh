@@ -19,18 +19,19 @@ refuse_if_running() {
   fi
 }
 
-# preflight REMOTE_DIR PATH...: this worker can start a run (installed, no live run, PATHs exist).
+# preflight REMOTE_DIR PATH...: this worker can start a run (installed, no live run, PATHs
+# exist; relative ones are checked from REMOTE_DIR, where the run starts).
 preflight() {
   local dir="$1" ok=1 p
   shift
   refuse_if_running || ok=0
-  if [[ ! -x "$dir/.venv/bin/python" ]]; then
+  if ! cd "$dir" 2>/dev/null || [[ ! -x .venv/bin/python ]]; then
     echo "$(hostname): FAIL $dir/.venv/bin/python missing: run install.sh"
-    ok=0
+    return 1
   fi
   for p in "$@"; do
     if [[ ! -e "$p" ]]; then
-      echo "$(hostname): FAIL $p does not exist here (data and model must be at the same path on every worker, or on gs://)"
+      echo "$(hostname): FAIL $p does not exist here (data and model must be at the same path on every worker)"
       ok=0
     fi
   done
