@@ -92,15 +92,15 @@ check_settings() {  # fails with a clear line when the zone or runtime cannot be
   [[ -n "$RUNTIME" ]] || die "no default runtime for ACCELERATOR=$ACCELERATOR: set RUNTIME"
 }
 
+quoted() {  # quoted ARGS...: one line, each argument shell-quoted (bash reads back the same)
+  local line
+  printf -v line '%q ' "$@"
+  echo "${line% }"
+}
+
 # run CMD...: runs CMD, or under --dry-run prints it as one shell-quoted line on stdout instead.
 run() {
-  if ((DRY_RUN)); then
-    local line
-    printf -v line '%q ' "$@"
-    echo "${line% }"
-  else
-    "$@"
-  fi
+  if ((DRY_RUN)); then quoted "$@"; else "$@"; fi
 }
 
 where() {  # where: the --zone/--project flags, one per line

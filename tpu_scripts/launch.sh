@@ -84,18 +84,14 @@ for o in "${overrides[@]}"; do
       ;;
   esac
 done
-quoted() {  # quoted ARGS...: one line, each argument shell-quoted
-  local line
-  printf -v line '%q ' "$@"
-  echo "${line% }"
-}
 dir_q="$(printf %q "$REMOTE_DIR")"
 if ((DRY_RUN)); then
   tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")"
 else
-  report="$(tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")")" || true
+  rc=0
+  report="$(tpu_ssh all "preflight $(quoted "$REMOTE_DIR" "${paths[@]}")")" || rc=$?
   echo "$report"
-  if grep -q ': FAIL ' <<<"$report" || ! grep -q ': ready' <<<"$report"; then
+  if ((rc)) || grep -q ': FAIL ' <<<"$report" || ! grep -q ': ready' <<<"$report"; then
     die "not launched: a worker is not ready (lines above)"
   fi
 fi
