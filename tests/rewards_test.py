@@ -317,3 +317,64 @@ def test_verifier_kills_a_slow_check_and_recovers_in_any_thread():
     assert result == [True]
   finally:
     worker.close()
+
+
+# ------------------------------------------------------------------------------ linear extraction
+
+_N = 1_000_000
+_ADVERSARIAL = {
+  "hash_then_spaces": "####" + " " * _N,  # was O(n^2): two adjacent \s* in the #### pattern
+  "hash_dollar_spaces": "#### $" + " " * _N,
+  "hashes": "#### -$ " * (_N // 8),
+  "boxed_then_spaces": "\\boxed" + " " * _N + "x",
+  "spaced_boxes": "\\boxed " * (_N // 7),
+  "open_boxes": "\\boxed{" * (_N // 7),
+  "open_braces": "{" * _N,
+  "digits": "1" * _N,
+  "bad_thousands": "1," * (_N // 2),
+  "answer_tags": "<answer>" * (_N // 8) + "</answer>" * (_N // 9),
+  "think_answer": "</think>\n<answer>" * (_N // 17),
+  "text_wrappers": "\\text{" * (_N // 6),
+  "fences": "```python\n" * (_N // 10),
+  "thin_spaces": "1\\," * (_N // 3),
+}
+_EXTRACTORS = [
+  extract.last_boxed,
+  extract.last_tag,
+  extract.hash_answer,
+  extract.last_number,
+  extract.plain_number,
+  lambda t: rewards.answer_key(t, task="math", fallback="last_number"),
+  lambda t: rewards.answer_key(t, task="choice"),
+  lambda t: rewards.answer_key(t, task="qa"),
+  lambda t: rewards.countdown_reward(t, _CD),
+  rewards.extract_code,
+]
+
+
+@pytest.mark.parametrize("name", sorted(_ADVERSARIAL))
+def test_extraction_is_linear_on_million_char_inputs(name):
+  text = _ADVERSARIAL[name]
+  for extractor in _EXTRACTORS:
+    start = time.monotonic()
+    extractor(text)
+    assert time.monotonic() - start < 2.0, (name, extractor)
+
+
+def test_hash_answer_unchanged_and_bounded():
+  assert extract.hash_answer("so #### -$ 1,234.50.") == "-1234.50"
+  assert extract.hash_answer("#### 5 then #### $ 12") == "12"
+  assert extract.hash_answer("####" + " " * 50_000) is None
+  assert extract.hash_answer("#### " + "9" * 2000) is None  # over MAX_ANSWER_CHARS
+
+
+def test_missed_deadline_scores_zero_and_is_counted():
+  verifier.math_equal("1", "1")  # warm worker: the deadline below is the check's alone
+  before = rewards.failure_counts()["timeouts"]
+  start = time.monotonic()
+  assert rewards.math_reward(r"\boxed{10^{10^{10}}}", {"answer": "10"}, timeout_s=0.5) == 0.1
+  assert time.monotonic() - start < 0.5 + SLACK_S
+  assert rewards.failure_metrics()["reward/timeouts_total"] == before + 1
+  before = rewards.failure_counts()["timeouts"]
+  assert rewards.run_sandboxed("while True: pass", "", timeout_s=0.5).status == "timeout"
+  assert rewards.failure_counts()["timeouts"] == before + 1
