@@ -378,3 +378,58 @@ def test_missed_deadline_scores_zero_and_is_counted():
   before = rewards.failure_counts()["timeouts"]
   assert rewards.run_sandboxed("while True: pass", "", timeout_s=0.5).status == "timeout"
   assert rewards.failure_counts()["timeouts"] == before + 1
+
+
+# ----------------------------------------------------------------------------- garbage never raises
+
+_BIG = "9" * 5000  # over Python's 4300-digit int-str conversion limit
+_GARBAGE = [
+  "",
+  _BIG,
+  f"<answer>{_BIG}</answer>",
+  f"<think>x</think>\n<answer>{_BIG}*{_BIG}</answer>",
+  "<answer>" + "9" * 100 + "*" + "9" * 99 + "</answer>",
+  f"\\boxed{{{_BIG}}}",
+  "\\boxed{" + "9" * 999 + "}",
+  f"#### {_BIG}",
+  "#### 1" + ",000" * 2000,
+  "<answer>" + "(" * 150 + "1" + ")" * 150 + "</answer>",
+  "<answer>" + "[" * 400 + "]" * 400 + "</answer>",
+  "\\boxed{" + "{" * 200 + "}" * 200 + "}",
+  "\\boxed{" + "\\text{" * 100 + "Z" + "}" * 100 + "}",
+  "<answer>\x00</answer>\\boxed{\x00}" + "\x00" * 1000,
+  "\ud800\udfff<answer>\ud800</answer>\\boxed{\ud800}#### \ud800 1",
+  "<answer>1/0</answer>\\boxed{\\frac{1}{0}}",
+  "<answer>1e999</answer>\\boxed{nan}",
+]
+_GARBAGE_EXAMPLES = {
+  "math": {"answer": "5"},
+  "gsm8k": {"answer": "#### 5"},
+  "countdown": {"nums": [1, 2], "target": 3},
+  "choice": {"answer": "A"},
+  "qa": {"answer": ["x", "y"]},
+  "reasoning_gym": {"answer": "3", "metadata": {"source_dataset": "chain_sum"}},
+}
+
+
+@pytest.mark.parametrize("task", sorted(_GARBAGE_EXAMPLES))
+def test_rewards_score_garbage_without_raising(task):
+  example = _GARBAGE_EXAMPLES[task]
+  reward = rewards.get_reward(task)
+  for completion in _GARBAGE:
+    score = reward(completion, example)
+    assert isinstance(score, float) and 0.0 <= score <= 1.1, (task, completion[:40], score)
+    rewards.answer_key(completion, task=task)
+    assert rewards.is_correct(completion, example, task=task) is False
+
+
+def test_code_reward_scores_garbage_without_raising():
+  example = {"test_list": ["assert f() == 1"]}
+  for program in (
+    "def f():\n  return 1\x00",
+    "def f():\n  return '\ud800'",
+    f"def f():\n  return {_BIG}",
+    "def f():\n  return " + "(" * 300 + "1" + ")" * 300,
+    "```python\n" + "[" * 5000,
+  ):
+    assert rewards.code_reward(program, example) == 0.0, program[:40]
