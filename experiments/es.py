@@ -28,6 +28,7 @@ import optax
 
 from es_jax import es as es_lib
 from es_jax import metrics, models, population
+from es_jax.rewards import failure_metrics
 from experiments import train_lib
 
 OPTIMIZERS = ("sgd", "adam")
@@ -140,6 +141,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     values = step_metrics(fitness, stats)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
     values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))
+    values.update(failure_metrics())  # checks scored 0 on a timeout or crash
     n_tokens = float(np.sum(stats.completions.lengths))
     values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
     loop.end_step(step, state, values, params=state["params"])

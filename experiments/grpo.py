@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from es_jax import grpo_train
+from es_jax.rewards import failure_metrics
 from experiments import train_lib
 
 ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
@@ -113,6 +114,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
       # Non-finite rewards rank worst in their group (es_jax.grpo.group_advantages); count them.
       "reward/non_finite": int(np.sum(~np.isfinite(rewards))),
     }
+    values.update(failure_metrics())  # checks scored 0 on a timeout or crash
     rollout = jax.device_get(grpo_train.rollout_stats(completions))
     values.update({f"rollout/{k.removeprefix('rollout_')}": float(v) for k, v in rollout.items()})
     values["entropy/mean"] = values.pop("rollout/entropy")

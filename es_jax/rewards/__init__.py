@@ -14,7 +14,8 @@
 Dataset names map onto these (`aime24` → math, `mbpp` → code, `hotpotqa` → qa, ...; see
 `TASK_REWARDS`). Every verifier bounds its time on hostile input: extraction is linear in the
 completion, answers over 1,000 characters are not parsed, symbolic checks run in a killable worker
-process (`verifier.py`) and code in a sandboxed process (`code.py`).
+process (`verifier.py`) and code in a sandboxed process (`code.py`). A check that misses its
+deadline or crashes scores 0 and is counted (`failure_metrics`, logged by the runners).
 """
 
 import functools
@@ -44,6 +45,7 @@ from es_jax.rewards.synthetic import (
   char_parity_correct,
   char_parity_reward,
 )
+from es_jax.rewards.verifier import failure_counts
 
 REWARDS: dict[str, Callable[..., float]] = {
   "math": math_reward,
@@ -122,6 +124,12 @@ def is_correct(completion: str, example: dict, *, task: str, **options) -> bool:
   return bool(_bind(_CORRECT[reward], task, options)(completion, example))
 
 
+def failure_metrics() -> dict[str, int]:
+  """Training metrics: reward checks scored 0 after a missed deadline or a crash, cumulative in
+  this process (`reward/timeouts_total`, `reward/errors_total`)."""
+  return {f"reward/{kind}_total": n for kind, n in failure_counts().items()}
+
+
 def answer_key(completion: str, *, task: str, **options) -> str | None:
   """A normalised answer for Maj@k voting (None = no answer, abstains)."""
   reward = _resolve(task)
@@ -140,6 +148,8 @@ __all__ = [
   "exact_match",
   "extract_code",
   "f1_score",
+  "failure_counts",
+  "failure_metrics",
   "get_reward",
   "gsm8k_gold",
   "gsm8k_reward",

@@ -32,6 +32,8 @@ import tempfile
 import time
 from typing import NamedTuple
 
+from es_jax.rewards import verifier
+
 _HARNESS = r"""
 import os, resource, sys
 _token = sys.stdin.readline().strip().encode()
@@ -143,6 +145,7 @@ def run_sandboxed(
       proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
       timed_out = True
+      verifier.count_failure("timeouts")
     finally:
       try:  # also reaps anything the program left behind in its process group
         os.killpg(proc.pid, signal.SIGKILL)

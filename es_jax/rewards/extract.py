@@ -1,8 +1,9 @@
 """Answer extraction from untrusted completions: boxed, tagged, "####" and last-number answers.
 
-Every function is linear in the completion length (one regex pass, no backtracking-heavy
-patterns), so a 100k-character completion costs milliseconds; extracted answers longer than
-`MAX_ANSWER_CHARS` are dropped (treated as no answer) before any parser sees them.
+Every function is linear in the completion length: one regex pass, and no pattern has two adjacent
+quantifiers that can match the same characters (tests feed 1M-character adversarial inputs), so a
+100k-character completion costs milliseconds; extracted answers longer than `MAX_ANSWER_CHARS` are
+dropped (treated as no answer) before any parser sees them.
 """
 
 import re
@@ -15,7 +16,9 @@ MAX_BRACE_DEPTH = 32
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"\\[{}]|[{}]")  # escaped braces (\{ \}) are literal, not grouping
 _BOX_SPACE_RE = re.compile(r"\\boxed +([^\s$]+)")  # "\boxed 5" (no braces)
-_HASH_RE = re.compile(r"####\s*([-+]?\$?\s*(?:[0-9][0-9,]*(?:\.[0-9]+)?|\.[0-9]+))")
+# Possessive `\s*+`: two adjacent plain `\s*` split a whitespace run in O(n^2) ways before failing
+# ("####" + 16k spaces took 7-10 s); possessive runs never give characters back.
+_HASH_RE = re.compile(r"####\s*+([-+]?\$?\s*+(?:[0-9][0-9,]*+(?:\.[0-9]++)?|\.[0-9]++))")
 # re.ASCII: only 0-9 are digits (not e.g. full-width or Devanagari digits, which int() accepts).
 # A sign only where it cannot be a binary minus ("5-3" ends in 3, not -3).
 _NUMBER_RE = re.compile(r"(?:(?<![\w)])[-+])?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?", re.ASCII)
@@ -90,7 +93,7 @@ def last_tag(text: str, tag: str = "answer") -> str | None:
 def hash_answer(text: str) -> str | None:
   """The number after the last GSM8K-style `####`, commas and `$` removed, or None."""
   found = _last_match(_HASH_RE, text)
-  if found is None:
+  if found is None or len(found.group(1)) > MAX_ANSWER_CHARS:
     return None
   return found.group(1).replace(",", "").replace("$", "").replace(" ", "").rstrip(".")
 

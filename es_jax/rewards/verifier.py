@@ -60,6 +60,32 @@ class VerifierError(RuntimeError):
   """A check failed, timed out or crashed the worker; callers score the answer as incorrect."""
 
 
+class VerifierTimeout(VerifierError):
+  """A check missed its deadline; the worker was killed."""
+
+
+# Checks scored 0 because they failed, per kind, since the process started (all threads).
+_FAILURES = {"timeouts": 0, "errors": 0}
+_FAILURES_LOCK = threading.Lock()
+
+
+def count_failure(kind: str) -> None:
+  """Counts one reward check scored 0 for `kind` ("timeouts" or "errors")."""
+  with _FAILURES_LOCK:
+    _FAILURES[kind] += 1
+
+
+def failure_counts() -> dict[str, int]:
+  """{"timeouts", "errors"}: reward checks (verifier and code sandbox) scored 0 so far because
+  they missed their deadline or crashed, counted in this process since it started."""
+  with _FAILURES_LOCK:
+    return dict(_FAILURES)
+
+
+def _count(error: VerifierError) -> None:
+  count_failure("timeouts" if isinstance(error, VerifierTimeout) else "errors")
+
+
 class VerifierProcess:
   """A restartable worker process; see the module docstring.
 
@@ -155,8 +181,9 @@ class VerifierProcess:
     except (TimeoutError, BrokenPipeError, ConnectionError, VerifierError, OSError) as e:
       self._kill()
       self.restarts += 1
-      what = "timed out" if isinstance(e, TimeoutError) else f"failed ({type(e).__name__})"
-      raise VerifierError(
+      timed_out = isinstance(e, TimeoutError)
+      what = "timed out" if timed_out else f"failed ({type(e).__name__})"
+      raise (VerifierTimeout if timed_out else VerifierError)(
         f"verifier op {op!r} {what}; worker killed, restarts on next call."
       ) from e
 
@@ -211,7 +238,8 @@ def math_equal(gold: str, pred: str, *, timeout_s: float = 5.0) -> bool:
         timeout_s=timeout_s,
       )
     )
-  except VerifierError:
+  except VerifierError as e:
+    _count(e)
     return False
 
 
@@ -227,7 +255,8 @@ def reasoning_gym_score(
     score = default_verifier().call(
       "rg_score", name=name, answer=answer, entry=entry, timeout_s=timeout_s
     )
-  except VerifierError:
+  except VerifierError as e:
+    _count(e)
     return 0.0
   if score is None:
     raise ValueError(
