@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
+from run_configs import smoke_config
 
 from es_jax import grpo as grpo_lib
 from es_jax.checkpoint import Checkpointer
@@ -16,18 +16,9 @@ from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
 
-def _config(**overrides) -> ConfigDict:
-  c = ConfigDict(demo_config.get_config("smoke").to_dict())
-  c.progress = False
-  c.eval.every, c.eval.final, c.export_hf = 0, False, False
-  for dotted, value in overrides.items():
-    node = c
-    *parents, leaf = dotted.split("__")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  c.lock()
-  return c
+def _config(**overrides):
+  quiet = dict(eval__every=0, eval__final=False, export_hf=False)
+  return smoke_config(demo_config, **{**quiet, **overrides})
 
 
 def test_group_advantages_rank_non_finite_rewards_worst():

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from ml_collections import ConfigDict
+from run_configs import smoke_config
 
 from es_jax import models
 from es_jax.checkpoint import Checkpointer
@@ -25,17 +25,7 @@ from experiments.logger import read_metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _config(module, variant="smoke", **overrides) -> ConfigDict:
-  c = ConfigDict(module.get_config(variant).to_dict())
-  c.progress = False
-  for dotted, value in overrides.items():
-    node = c
-    *parents, leaf = dotted.split("__")
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  c.lock()
-  return c
+_config = smoke_config
 
 
 def _finite_metrics(workdir):
