@@ -126,7 +126,7 @@ def low_rank_member(
   # Static: they decide shapes, the noise structure, the sharding and the compiled program.
   static_argnames=tuple(
     "config population_size members_per_chunk mesh antithetic rank low_rank_vectors precision "
-    "max_new_tokens eos_ids pad_id use_top_p share_sample_key".split()
+    "max_new_tokens eos_ids pad_id use_top_p share_sample_key unroll_layers".split()
   ),
 )
 def population_completions(
@@ -152,15 +152,20 @@ def population_completions(
   pad_id: int,
   use_top_p: bool,
   share_sample_key: bool,
+  unroll_layers: bool | None = None,
 ) -> sampling.Completions:
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
-  See ``evaluate`` for the arguments; inputs are not validated here.
+  See ``evaluate`` for the arguments; inputs are not validated here. ``unroll_layers``: decode
+  over per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
+  (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
+  gets the TPU layout.
   """
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   n_local = population_size // n_dev
   generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
-  unroll_layers = sampling.default_unroll_layers()
+  if unroll_layers is None:
+    unroll_layers = sampling.default_unroll_layers(mesh)
 
   def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p):
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
@@ -208,6 +213,7 @@ def population_completions(
       temperature=temperature,
       top_p=top_p if use_top_p else None,
       delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
+      unroll_layers=unroll_layers,
     )
 
     def sample_keys(members):

@@ -11,8 +11,10 @@ call vmapped over members.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 import jax
@@ -69,9 +71,44 @@ def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
   return pad_prompts(ids, pad_id=pad_id, bucket=bucket)
 
 
-def default_unroll_layers() -> bool:
-  """`generate`'s default for `unroll_layers`: on when running on CPU."""
-  return jax.default_backend() == "cpu"
+# The platform programs are being compiled for, when that is not the host's (`target_platform`).
+_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+  "es_jax_target_platform", default=None
+)
+
+
+@contextlib.contextmanager
+def target_platform(platform: str) -> Iterator[None]:
+  """Within the block, `default_unroll_layers()` answers for `platform` ("tpu", "cpu", ...).
+
+  For compiling for devices other than the host's (e.g. a TPU topology on a CPU-only machine,
+  `experiments.tpu_plan`) through functions that do not take a mesh, such as GRPO's rollout.
+  """
+  token = _TARGET_PLATFORM.set(str(platform))
+  try:
+    yield
+  finally:
+    _TARGET_PLATFORM.reset(token)
+
+
+def _platform_of(mesh_or_devices) -> str | None:
+  if mesh_or_devices is None:
+    return None
+  devices = getattr(mesh_or_devices, "devices", mesh_or_devices)  # a Mesh's device array
+  devices = np.asarray(devices, dtype=object).reshape(-1)
+  return devices[0].platform if devices.size else None
+
+
+def default_unroll_layers(mesh_or_devices=None) -> bool:
+  """`generate`'s default for `unroll_layers`: on when the target devices are CPUs.
+
+  The target is the platform of `mesh_or_devices` (a `Mesh` or a sequence of devices) when
+  given, else the one set by `target_platform`, else the default backend. The decision follows
+  the devices the program runs on, not the host: a CPU host compiling for a TPU mesh gets the
+  TPU layout (scanned layers).
+  """
+  platform = _platform_of(mesh_or_devices) or _TARGET_PLATFORM.get() or jax.default_backend()
+  return platform == "cpu"
 
 
 def argmax(logits: jax.Array) -> jax.Array:
@@ -406,8 +443,9 @@ def generate(
     unroll_layers: decode with per-layer copies of the weights in an unrolled layer loop
       (`es_jax.models.transformer.unstack_layers`) instead of scanning the stacked layers.
       Costs one copy of the layer weights per call and a longer compile; saves XLA:CPU copying
-      every layer's weights on every step. Default: on when running on CPU. Parameters whose
-      "layers" are already unstacked always run unrolled, without that copy.
+      every layer's weights on every step. Default (None): `default_unroll_layers()`, on when
+      the target is a CPU. Parameters whose "layers" are already unstacked always run unrolled,
+      without that copy.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].

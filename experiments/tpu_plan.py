@@ -1,0 +1,143 @@
+"""Compiles a config's programs for a TPU topology on any machine (no TPU needed) and reports
+whether they fit, per chip.
+
+    python -m experiments.tpu_plan --config experiments/configs/gsm8k_easy.py \
+        --topology v5e:2x4 [--config.es.members_per_chunk=2] [--fit] [--json plan.json]
+
+With libtpu installed (`pip install 'jax[tpu]'`; the `tpu` extra), JAX compiles for a topology
+description instead of attached chips. Parameters are abstract (shapes of the configured model in
+its dtype; no weights are read), laid out on the configured mesh over the topology's devices. For
+each program the config's method runs (es: population evaluation, ES update, evaluation sampling;
+grpo: rollout, update, evaluation; sequential and demo: all of them) it prints the compiler's
+bytes per chip (arguments, outputs, temporaries, generated code) against the chip's HBM, the FLOPs
+and bytes of one decode step (or one loop trip of an update) with the roofline time they imply,
+and a verdict naming the setting to change. `--fit` searches the largest es.members_per_chunk and
+grpo.micro_batch_size that fit.
+
+Exit status: 0 every program fits; 1 some program does not fit; 2 bad input (one line naming the
+field); 3 some program failed to compile for another reason (its error is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel planners share libtpu
+
+from es_jax import memory_plan  # noqa: E402
+from experiments import tpu_programs  # noqa: E402
+
+PROGRAMS = {
+  "es": ("es_population", "es_update", "eval"),
+  "grpo": ("grpo_rollout", "grpo_update", "eval"),
+}
+PROGRAMS["sequential"] = PROGRAMS["demo"] = PROGRAMS["es"] + PROGRAMS["grpo"][:2]
+EXIT_FITS, EXIT_TOO_BIG, EXIT_BAD_INPUT, EXIT_COMPILE_ERROR = 0, 1, 2, 3
+# The setting that shrinks each program's memory, named in verdicts.
+SETTING = {
+  "es_population": "es.members_per_chunk (or es.rank > 0, or more chips on mesh.pop)",
+  "es_update": "mesh.model (split the weights)",
+  "eval": "eval.batch_size",
+  "grpo_rollout": "data.prompts_per_step or grpo.num_generations (rows per chip)",
+  "grpo_update": "grpo.micro_batch_size",
+}
+
+
+def _gb(n: float | None) -> str:
+  return "-" if n is None else f"{n / 2**30:.2f}"
+
+
+def format_table(results: list[dict[str, Any]], chip: memory_plan.Chip) -> str:
+  """The per-program, per-chip table printed by the command."""
+  head = (
+    f"{'program':<14}{'args':>7}{'out':>7}{'temp':>7}{'code MB':>8}{'total':>7}{'HBM':>7}"
+    f"{'GFLOP/step':>11}{'GB/step':>8}{'ms/step':>8}{'steps':>8}  verdict (sizes GiB per chip)"
+  )
+  lines = [f"chip: {chip.name}, {chip.hbm_bytes / 2**30:.2f} GiB HBM", head]
+  for r in results:
+    step = r.get("step") or {}
+    code = "-" if r.get("code") is None else f"{r['code'] / 1e6:.1f}"
+    lines.append(
+      f"{r['program']:<14}{_gb(r.get('argument')):>7}{_gb(r.get('output')):>7}"
+      f"{_gb(r.get('temp')):>7}{code:>8}{_gb(r.get('total')):>7}{chip.hbm_bytes / 2**30:>7.2f}"
+      f"{step.get('flops', 0) / 1e9:>11.1f}{step.get('bytes', 0) / 1e9:>8.3f}"
+      f"{step.get('seconds', 0) * 1e3:>8.2f}{step.get('trips', 0):>8}  {r['verdict']}"
+    )
+  return "\n".join(lines)
+
+
+def _verdict(result: dict[str, Any], chip: memory_plan.Chip) -> dict[str, Any]:
+  name = result["program"]
+  if result.get("error") and not result.get("too_big"):
+    result.update(fits=False, verdict=f"COMPILE FAILED: {result['error']}")
+  elif result.get("too_big") or result["total"] > chip.hbm_bytes:
+    result.update(fits=False, verdict=f"does not fit: lower {SETTING[name]}")
+  else:
+    result.update(fits=True, verdict="fits")
+  return result
+
+
+def plan(
+  config, topology: str, *, programs=None, fit: bool = False, step_cost: bool = True, **kw
+) -> list[dict[str, Any]]:
+  """Compiles the config's programs for `topology`; returns one result dict per program."""
+  chip = memory_plan.chip_for(topology)
+  programs = programs or PROGRAMS.get(config.method)
+  if programs is None:
+    raise ValueError(f"config.method={config.method!r}: planned methods are {sorted(PROGRAMS)}.")
+  setup = tpu_programs.Setup.from_config(config, topology, **kw)
+  results = []
+  for name in programs:
+    result = _verdict(setup.compile(name, step_cost=step_cost), chip)
+    if fit and name in tpu_programs.FIT_SETTINGS:
+      result = _verdict(setup.fit(name, chip, step_cost=step_cost) or result, chip)
+    results.append(result)
+  return results
+
+
+def exit_code(results: list[dict[str, Any]]) -> int:
+  if any(r.get("error") and not r.get("too_big") for r in results):
+    return EXIT_COMPILE_ERROR
+  return EXIT_FITS if all(r["fits"] for r in results) else EXIT_TOO_BIG
+
+
+def main(argv: list[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--config", required=True, help="config file[:variant]")
+  parser.add_argument("--topology", default="v5e:2x4", help="e.g. v5e:2x2, v5e:2x4, v4:2x2x1")
+  parser.add_argument("--preset", default="", help="model preset (default: from config.model)")
+  parser.add_argument("--dtype", default="", help="parameter dtype (default: the model's)")
+  parser.add_argument("--prompt_len", type=int, default=256, help="padded prompt tokens")
+  parser.add_argument("--programs", default="", help="comma-separated subset to compile")
+  parser.add_argument("--fit", action="store_true", help="search the largest chunk sizes")
+  parser.add_argument("--no_step_cost", action="store_true", help="skip per-step programs")
+  parser.add_argument("--json", default="", help="write the results here")
+  args, overrides = parser.parse_known_args(argv)
+  try:
+    config = tpu_programs.load_config(args.config, overrides)
+    results = plan(
+      config,
+      args.topology,
+      programs=[p for p in args.programs.split(",") if p] or None,
+      fit=args.fit,
+      step_cost=not args.no_step_cost,
+      preset=args.preset,
+      dtype=args.dtype,
+      prompt_len=args.prompt_len,
+    )
+  except (ValueError, KeyError, FileNotFoundError) as e:
+    print(f"tpu_plan: {e}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+  print(format_table(results, memory_plan.chip_for(args.topology)))
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(results, f, indent=1, default=str)
+  return exit_code(results)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,436 @@
+"""The programs `experiments.tpu_plan` compiles, lowered from abstract inputs on a TPU topology.
+
+Each builder returns the `jax.stages.Lowered` of the program the runner executes, built from
+`jax.ShapeDtypeStruct`s laid out as the runner lays out its arrays: parameters with
+`es_jax.sharding.param_shardings` on the ('pop', 'model') mesh, prompts replicated, GRPO rows over
+'pop'. Evaluation runs as `experiments.eval_sampler` runs it today: on one chip, rows unsplit.
+
+Per-step figures come from a second, one-step program: the same decode with a 1-token prompt and
+the same cache length (prompt + budget), whose cost is two decode steps (the 1-token prefill is a
+decode step); XLA's cost analysis counts a loop body once, so the full program's cost is not a
+per-token figure. For the updates the cost is one trip of their loop (ES: one member's noise;
+GRPO: one micro-batch), reported with the trip count.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib.util
+import json
+import os
+import re
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from es_jax import memory_plan, models, population, sampling
+from es_jax import sharding as sharding_lib
+from es_jax.models import hf as hf_lib
+
+P = PartitionSpec
+FIT_SETTINGS = {"es_population": "es.members_per_chunk", "grpo_update": "grpo.micro_batch_size"}
+# Where a config's model.path names a known checkpoint without a local copy.
+_PRESET_ALIASES = {"qwen2.5-1.5b-instruct": "qwen2.5-1.5b", "qwen2.5-0.5b-instruct": "qwen2.5-0.5b"}
+
+
+def load_config(spec: str, overrides: list[str]):
+  """`get_config(variant)` of a config file, with `--config.a.b=value` overrides applied."""
+  path, _, variant = spec.partition(":")
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--config: no such file {path!r}")
+  module_spec = importlib.util.spec_from_file_location("_plan_config", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config(variant or None)
+  for item in overrides:
+    m = re.fullmatch(r"--config\.([\w.]+)=(.*)", item)
+    if not m:
+      raise ValueError(f"unknown argument {item!r}: overrides look like --config.es.rank=4")
+    field, text = m.groups()
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    *parents, leaf = field.split(".")
+    node = config
+    try:
+      for p in parents:
+        node = node[p]
+      if leaf not in node:
+        raise KeyError(leaf)
+      node[leaf] = value  # a locked ConfigDict still refuses a value of the wrong type
+    except (KeyError, TypeError, AttributeError) as e:
+      raise ValueError(f"--config.{field}={text}: {type(e).__name__} {e}") from None
+  return config
+
+
+def model_config_for(model: Any, *, preset: str = "", dtype: str = "") -> models.ModelConfig:
+  """The ModelConfig of config.model without loading weights (see module docstring)."""
+  source, path = model.get("source"), model.get("path") or ""
+  if preset:
+    cfg = models.get_config(preset)
+  elif source == "random":
+    cfg = models.get_config(model.get("preset") or "")
+  elif source == "default":
+    cfg = models.get_config("smollm2-135m").replace(dtype="float32")  # the GGUF loads as float32
+  elif source == "hf" and os.path.isfile(os.path.join(path, "config.json")):
+    with open(os.path.join(path, "config.json")) as f:
+      hf = json.load(f)
+    cfg = hf_lib.config_from_hf(hf, os.path.join(path, "config.json"))
+    cfg = cfg.replace(dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"))
+  else:
+    name = os.path.basename(path.rstrip("/")).lower()
+    name = _PRESET_ALIASES.get(name, name)
+    if name not in models.PRESETS:
+      raise ValueError(
+        f"config.model.path={path!r} (source {source!r}): no local config.json and no preset "
+        f"named {name!r}; pass --preset (one of {sorted(models.PRESETS)})."
+      )
+    cfg = models.get_config(name)
+  return cfg.replace(dtype=dtype) if dtype else cfg
+
+
+def topology_devices(topology: str) -> list[Any]:
+  """The devices of a TPU topology description (needs libtpu; works without a TPU)."""
+  from jax.experimental import topologies
+
+  memory_plan.chip_for(topology)  # a clear error for an unknown chip before libtpu's
+  try:
+    return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+  except Exception as e:  # noqa: BLE001 (libtpu's errors have no common type)
+    raise ValueError(f"--topology={topology!r}: {str(e).splitlines()[0]}") from None
+
+
+def make_mesh(devices, pop: int, model: int) -> Mesh:
+  """A ('pop', 'model') Auto mesh over the first pop x model devices, in order.
+
+  es_jax.sharding.make_mesh's physical ordering needs one device per chip, which libtpu's v4
+  topologies (one device per TensorCore) do not give; for planning the order does not matter.
+  """
+  if pop * model > len(devices):
+    raise ValueError(f"config.mesh: pop={pop} x model={model} > {len(devices)} devices")
+  grid = np.asarray(devices[: pop * model], dtype=object).reshape(pop, model)
+  auto = jax.sharding.AxisType.Auto
+  return Mesh(grid, sharding_lib.AXES, axis_types=(auto, auto))
+
+
+def _sds(shape, dtype, mesh, spec=P()):
+  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
+
+
+def _key(mesh, shape=()):
+  key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
+  return jax.ShapeDtypeStruct(shape, key_dtype, sharding=NamedSharding(mesh, P()))
+
+
+def abstract_params(cfg: models.ModelConfig, mesh: Mesh, lead: tuple[int, ...] = ()):
+  """Parameter structs in the model's dtype, laid out as es_jax.sharding.param_shardings does."""
+  model = mesh.shape["model"]
+
+  def leaf(shape):
+    spec = sharding_lib.leaf_spec(shape, model)
+    return _sds((*lead, *shape), cfg.jnp_dtype, mesh, P(*([None] * len(lead)), *spec))
+
+  return jax.tree.map(leaf, models.param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
+
+
+def like_params(tree, mesh: Mesh):
+  """Structs of an eval_shape'd tree (optimizer state), laid out by shape like the params."""
+  model = mesh.shape["model"]
+
+  def leaf(x):
+    return _sds(x.shape, x.dtype, mesh, sharding_lib.leaf_spec(x.shape, model))
+
+  return jax.tree.map(leaf, tree)
+
+
+def figures(compiled) -> dict[str, Any]:
+  """Bytes per chip (memory_analysis) and cost (cost_analysis) of a compiled program."""
+  m = compiled.memory_analysis()
+  out = dict(
+    argument=int(m.argument_size_in_bytes),
+    output=int(m.output_size_in_bytes),
+    alias=int(m.alias_size_in_bytes),
+    temp=int(m.temp_size_in_bytes),
+    code=int(m.generated_code_size_in_bytes),
+  )
+  # Donated (aliased) inputs share their buffers with outputs: count them once.
+  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"] + out["code"]
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  out["flops"] = float(cost.get("flops", 0.0))
+  out["bytes_accessed"] = float(cost.get("bytes accessed", 0.0))
+  return out
+
+
+def _first_line(e: Exception) -> str:
+  text = str(e).strip().splitlines()
+  return (text[0] if text else type(e).__name__)[:300]
+
+
+@dataclasses.dataclass
+class Setup:
+  """A config's model, mesh and sizes on a topology; compiles its programs by name."""
+
+  config: Any
+  topology: str
+  devices: list[Any]
+  mesh: Mesh
+  model_config: models.ModelConfig
+  prompt_len: int
+
+  @classmethod
+  def from_config(cls, config, topology, *, preset="", dtype="", prompt_len=256):
+    devices = topology_devices(topology)
+    pop = int(config.mesh.pop) or len(devices) // int(config.mesh.model)
+    mesh = make_mesh(devices, pop, int(config.mesh.model))
+    cfg = model_config_for(config.model, preset=preset, dtype=dtype)
+    if prompt_len < 1:
+      raise ValueError(f"--prompt_len={prompt_len} must be >= 1")
+    return cls(config, topology, devices, mesh, cfg, int(prompt_len))
+
+  @property
+  def pop(self) -> int:
+    return self.mesh.shape["pop"]
+
+  def compile(self, name: str, *, step_cost: bool = True) -> dict[str, Any]:
+    """Compiles program `name`; a failed compile is reported in the result, not raised."""
+    build = getattr(self, f"_{name}")
+    result: dict[str, Any] = {"program": name, "settings": self.settings(name)}
+    try:
+      lowered, step, trips = build()
+      result.update(figures(lowered.compile()))
+    except Exception as e:  # noqa: BLE001 (report the failure of one program, go on)
+      message = _first_line(e)
+      result.update(error=message, too_big="RESOURCE_EXHAUSTED" in str(e))
+      # "... HLO temporaries (38.01G) exceeds available HBM (15.75G)": keep the figures.
+      m = re.search(r"temporaries \(([\d.]+)G\) exceeds available HBM \(([\d.]+)G\)", message)
+      if m:
+        result.update(temp=int(float(m[1]) * 2**30), available=int(float(m[2]) * 2**30))
+      return result
+    chip = memory_plan.chip_for(self.topology)
+    result["step"] = {"trips": trips}
+    try:
+      if step is not None and step_cost:
+        f = figures(step().compile())
+        flops, nbytes = f["flops"] / 2, f["bytes_accessed"] / 2
+      else:
+        flops, nbytes = result["flops"], result["bytes_accessed"]
+      seconds = max(flops / chip.peak_flops, nbytes / chip.hbm_bandwidth)
+      result["step"].update(flops=flops, bytes=nbytes, seconds=seconds)
+    except Exception as e:  # noqa: BLE001
+      result["step"]["error"] = _first_line(e)
+    return result
+
+  def settings(self, name: str) -> dict[str, Any]:
+    c = self.config
+    es, grpo, ev = c.es, c.grpo, c.eval
+    common = dict(topology=self.topology, pop=self.pop, model=self.mesh.shape["model"])
+    common.update(dtype=self.model_config.dtype, prompt_len=self.prompt_len)
+    per = {
+      "es_population": dict(
+        population_size=es.population_size, members_per_chunk=es.members_per_chunk,
+        rank=es.rank, prompts=c.data.prompts_per_step, max_new_tokens=es.max_new_tokens),
+      "es_update": dict(population_size=es.population_size, optimizer=es.optimizer),
+      "eval": dict(batch_size=ev.batch_size, max_new_tokens=ev.max_new_tokens),
+      "grpo_rollout": dict(rows=self._grpo_rows(), max_new_tokens=grpo.max_new_tokens),
+      "grpo_update": dict(rows=self._grpo_rows(), mini_batch_size=self._grpo_mini(),
+                          micro_batch_size=grpo.micro_batch_size, beta=grpo.beta),
+    }  # fmt: skip
+    return {**common, **per[name]}
+
+  def fit(self, name: str, chip: memory_plan.Chip, *, step_cost=True) -> dict[str, Any] | None:
+    """The result at the largest value of the program's FIT_SETTINGS field that fits."""
+    section, field = FIT_SETTINGS[name].split(".")
+    if name == "es_population":
+      limit = int(self.config.es.population_size) // self.pop
+    else:
+      limit = self._grpo_mini() // self.pop
+    candidates = [d for d in range(limit, 0, -1) if limit % d == 0]
+    original, best = self.config[section][field], None
+    lo, hi = 0, len(candidates) - 1  # candidates descend: fits is monotone along the list
+    try:
+      while lo <= hi:
+        mid = (lo + hi) // 2
+        self.config[section][field] = candidates[mid]
+        result = self.compile(name, step_cost=False)
+        ok = not result.get("error") and result["total"] <= chip.hbm_bytes
+        if ok:
+          best, hi = candidates[mid], mid - 1
+        else:
+          lo = mid + 1
+      if best is None:
+        return None
+      self.config[section][field] = best
+      result = self.compile(name, step_cost=step_cost)
+      result["fit"] = {FIT_SETTINGS[name]: best}
+      return result
+    finally:
+      self.config[section][field] = original
+
+  # --- programs: (lowered, one-step lowering or None, trips of the per-step figure) ---
+
+  def _prompts(self, mesh, rows, length, spec=P()):
+    return _sds((rows, length), jnp.int32, mesh, spec), _sds((rows, length), bool, mesh, spec)
+
+  def _es_population(self):
+    c, cfg, mesh = self.config.es, self.model_config, self.mesh
+    n, m, T = int(c.population_size), int(c.members_per_chunk), int(c.max_new_tokens)
+    if n % (self.pop * m):
+      raise ValueError(
+        f"config.es.population_size={n} must be divisible by mesh pop={self.pop} x "
+        f"es.members_per_chunk={m}"
+      )
+    rank = int(c.rank) or None
+    P_ = int(self.config.data.prompts_per_step)
+    scalar = _sds((), jnp.float32, mesh)
+    kw = dict(
+      config=cfg, population_size=n, members_per_chunk=m, mesh=mesh, antithetic=bool(c.antithetic),
+      rank=rank, low_rank_vectors=c.low_rank_vectors, precision=c.precision, max_new_tokens=T,
+      eos_ids=(cfg.vocab_size - 1,), pad_id=0, use_top_p=float(c.top_p) < 1.0,
+      share_sample_key=False,
+    )  # fmt: skip
+    args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))
+    args += (_key(mesh), _key(mesh), scalar, scalar, scalar)
+    lowered = population.population_completions.lower(*args, **kw)
+    return lowered, lambda: self._members_step(m, P_, T, rank), (T * n) // (self.pop * m)
+
+  def _members_step(self, m, num_prompts, T, rank):
+    """One chunk's decode on one 'pop' slot (the model axis kept), 1-token prompts."""
+    c, cfg = self.config.es, self.model_config
+    mesh = make_mesh(self.devices, 1, self.mesh.shape["model"])
+    if rank is None:
+      params, axes, deltas, daxes = abstract_params(cfg, mesh, (m,)), None, None, None
+      axes = jax.tree.map(lambda _: 0, params)
+    else:
+      base = abstract_params(cfg, mesh)
+      p_i, d_i, _ = jax.eval_shape(
+        lambda p: population.low_rank_member(
+          p, jax.random.key(0), 0, 1.0, rank=rank, antithetic=bool(c.antithetic),
+          low_rank_vectors=c.low_rank_vectors),
+        base,
+      )  # fmt: skip
+      paths = jax.tree_util.tree_flatten_with_path(base)[0]
+      own = [not population._is_hook_leaf(path, x.shape) for path, x in paths]
+      leaves = [
+        _sds((m, *x.shape), x.dtype, mesh) if o else b
+        for x, b, o in zip(jax.tree.leaves(p_i), jax.tree.leaves(base), own, strict=True)
+      ]
+      params = jax.tree.unflatten(jax.tree.structure(base), leaves)
+      axes = jax.tree.unflatten(jax.tree.structure(base), [0 if o else None for o in own])
+      deltas = jax.tree.map(lambda x: _sds((m, *x.shape), x.dtype, mesh), d_i)
+      daxes = jax.tree.map(lambda _: 0, deltas)
+
+    def step(params, deltas, ids, mask, keys, temperature):
+      return sampling.generate_members(
+        params, ids, mask, keys=keys, params_axes=axes, deltas=deltas, deltas_axes=daxes,
+        delta_scale=None if rank is None else jnp.float32(0.001), max_new_tokens=self.prompt_len
+        + T - 1, config=cfg, temperature=temperature, eos_ids=(cfg.vocab_size - 1,),
+        unroll_layers=sampling.default_unroll_layers(mesh))  # fmt: skip
+
+    ids, mask = self._prompts(mesh, num_prompts, 1)
+    scalar = _sds((), jnp.float32, mesh)
+    return jax.jit(step).lower(params, deltas, ids, mask, _key(mesh, (m,)), scalar)
+
+  def _es_update(self):
+    from experiments import es as es_run  # imports the runners' dependencies: only when used
+
+    c, mesh = self.config.es, self.mesh
+    optimizer = es_run.make_optimizer(c)
+    params = abstract_params(self.model_config, mesh)
+    state = {
+      "params": params,
+      "opt_state": like_params(jax.eval_shape(optimizer.init, params), mesh),
+    }
+    n = int(c.population_size)
+    shape = (
+      (n, int(self.config.data.prompts_per_step)) if c.shaping == "per_prompt_zscore" else (n,)
+    )
+    lowered = es_run._apply.lower(
+      state, _sds(shape, jnp.float32, mesh), _key(mesh), optimizer=optimizer
+    )
+    return lowered, None, n
+
+  def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p):
+    cfg = self.model_config
+    temperature = float(temperature)
+
+    def run(params, ids, mask, key):
+      return sampling.generate(
+        params, ids, mask, key=key, max_new_tokens=T, temperature=temperature,
+        top_p=None if top_p >= 1.0 else float(top_p), eos_ids=(cfg.vocab_size - 1,), config=cfg,
+        unroll_layers=sampling.default_unroll_layers(mesh))  # fmt: skip
+
+    ids, mask = self._prompts(mesh, rows, length, spec)
+    return jax.jit(run).lower(abstract_params(cfg, mesh), ids, mask, _key(mesh))
+
+  def _eval(self):
+    ev = self.config.eval
+    mesh = make_mesh(self.devices, 1, 1)  # eval_sampler: one chip, rows unsplit (module doc)
+    rows, T, S = int(ev.batch_size), int(ev.max_new_tokens), self.prompt_len
+    gen = lambda S_, T_: self._generate_lowered(mesh, rows, P(), S_, T_, ev.temperature, ev.top_p)  # noqa: E731
+    return gen(S, T), lambda: gen(1, S + T - 1), T
+
+  def _grpo_rows(self) -> int:
+    return int(self.config.data.prompts_per_step) * int(self.config.grpo.num_generations)
+
+  def _grpo_mini(self) -> int:
+    return int(self.config.grpo.mini_batch_size) or self._grpo_rows()
+
+  def _grpo_rollout(self):
+    from es_jax import grpo_rollout
+
+    g, cfg, mesh = self.config.grpo, self.model_config, self.mesh
+    T, prompts = int(g.max_new_tokens), int(self.config.data.prompts_per_step)
+
+    def run(params, ids, mask, key):
+      with sampling.target_platform("tpu"):  # rollout takes no layout switch: set the target
+        return grpo_rollout.rollout(
+          params, ids, mask, config=cfg, key=key, num_generations=int(g.num_generations),
+          max_new_tokens=T, temperature=float(g.temperature),
+          top_p=None if g.top_p >= 1.0 else float(g.top_p), eos_ids=(cfg.vocab_size - 1,),
+          mesh=mesh)  # fmt: skip
+
+    ids, mask = self._prompts(mesh, prompts, self.prompt_len)
+    lowered = jax.jit(run).lower(abstract_params(cfg, mesh), ids, mask, _key(mesh))
+    rows, S = self._grpo_rows(), self.prompt_len
+    step = lambda: self._generate_lowered(
+      mesh, rows, P("pop"), 1, S + T - 1, g.temperature, g.top_p
+    )  # noqa: E731
+    return lowered, step, T
+
+  def _grpo_update(self):
+    from es_jax import grpo_rollout, grpo_train
+    from experiments import grpo as grpo_run
+
+    g, cfg, mesh = self.config.grpo, self.model_config, self.mesh
+    rows, T = self._grpo_rows(), int(g.max_new_tokens)
+    S = self.prompt_len + T
+    mini, micro = self._grpo_mini(), int(g.micro_batch_size)
+    for field, size, d, what in (
+      ("grpo.mini_batch_size", rows, mini, "rollout rows"),
+      ("grpo.micro_batch_size", mini, micro * self.pop, "mini-batch rows / pop devices"),
+    ):
+      if size % d:
+        raise ValueError(f"config.{field}: {d} does not divide the {size} {what}")
+    optimizer = grpo_run.make_optimizer(g)
+    params = abstract_params(cfg, mesh)
+    opt = like_params(jax.eval_shape(optimizer.init, params), mesh)
+    state = grpo_train.GRPOState(params, opt, _sds((), jnp.int32, mesh))
+    row = lambda *shape, dtype: _sds((rows, *shape), dtype, mesh, P("pop"))  # noqa: E731
+    batch = grpo_rollout.GRPOBatch(
+      tokens=row(S, dtype=jnp.int32), mask=row(S, dtype=bool), loss_mask=row(S - 1, dtype=bool),
+      sampler_logp=row(S - 1, dtype=jnp.float32), advantages=row(dtype=jnp.float32),
+      completion_length=T)  # fmt: skip
+    ref = params if float(g.beta) > 0 else None
+    scalar = _sds((), jnp.float32, mesh)
+    lowered = grpo_train._update_step.lower(
+      state, batch, ref, scalar, scalar, scalar, config=cfg, optimizer=optimizer,
+      mini_batch_size=mini, micro_batch_size=micro, aggregation=g.aggregation,
+      use_sampler_logp=False, chunk_size=None, mesh=mesh, data_axis="pop",
+      state_shardings=tuple(map(grpo_train._canonical, jax.tree.leaves(state))))  # fmt: skip
+    return lowered, None, (rows // mini) * (mini // (micro * self.pop))
