@@ -4,10 +4,10 @@
         [--config.key=value ...]
 
 `config.method` picks the runner: es, grpo, sequential, evaluate, demo, sparsity,
-population_sweep, diversity or report (each module exposes `run(config, workdir)`). The config is locked: an unknown
-key or a value of the wrong type is refused naming it. Rerunning the same command resumes from
-the newest checkpoint in DIR. On a multi-host TPU slice run the same command on every worker
-(jax.distributed joins them).
+population_sweep, diversity or report (each module exposes `run(config, workdir)`). The config
+is locked: an unknown key or a value of the wrong type is refused naming it. Rerunning the same
+command resumes from the newest checkpoint in DIR. On a multi-host TPU slice run the same command
+on every worker (jax.distributed joins them).
 """
 
 from __future__ import annotations

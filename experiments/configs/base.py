@@ -167,20 +167,11 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
     c.data.source_dir = sample_dir(data)
   if eval_data:
     c.eval.source_dir = sample_dir(eval_data)
-  c.eval.update(
-    limit=4,
-    num_samples=2,
-    ks=(1, 2),
-    max_new_tokens=8,
-    batch_size=6,
-    every=2,
-    periodic_limit=2,
-    periodic_num_samples=2,
-  )
+  c.eval.update(limit=4, num_samples=2, ks=(1, 2), max_new_tokens=8, batch_size=6, every=2,
+                periodic_limit=2, periodic_num_samples=2)
   c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
-  c.grpo.update(
-    num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0, micro_batch_size=2
-  )
+  c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0,
+                micro_batch_size=2)
   c.sequential.update(total_steps=4)
   c.checkpoint.update(every=1, keep=2)
   c.diversity.update(
