@@ -160,7 +160,8 @@ def shape_fitness(
   """Validated fitness -> ``[N]`` float32 weights, as ``es_gradient`` computes them.
 
   Args:
-    fitness: ``[N]`` fitness, or ``[N, P]`` per-prompt rewards for ``"per_prompt_zscore"``.
+    fitness: ``[N]`` fitness, or ``[N, P]`` per-prompt rewards for the shapings in
+      ``es_jax.fitness.PER_PROMPT_SHAPINGS`` (``"per_prompt_zscore"``, ``"coverage"``).
     population_size: ``N``.
     shaping: a name in ``es_jax.fitness.SHAPINGS`` or a callable ``fitness -> [N] weights``.
 
@@ -170,7 +171,7 @@ def shape_fitness(
   """
   validate_shaping(shaping)
   shape_fn = shaping if callable(shaping) else fitness_lib.get_shaping(shaping)
-  per_prompt = isinstance(shaping, str) and shaping == "per_prompt_zscore"
+  per_prompt = isinstance(shaping, str) and shaping in fitness_lib.PER_PROMPT_SHAPINGS
   r = jnp.asarray(fitness)
   expected = f"({population_size}, P)" if per_prompt else f"({population_size},)"
   if r.shape[:1] != (population_size,) or r.ndim != (2 if per_prompt else 1):
@@ -213,8 +214,8 @@ def es_gradient(
     population_size: ``N`` (static).
     sigma: noise scale σ the population was evaluated with. It is not divided here (the paper
       folds 1/σ into α); it is only validated (> 0) so a bad σ fails early.
-    shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` (fitness
-      ``[N, P]``), or a callable ``fitness -> [N] weights``.
+    shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` or
+      ``"coverage"`` (fitness ``[N, P]``), or a callable ``fitness -> [N] weights``.
     antithetic: members ``2j``, ``2j + 1`` use ``+ε_j`` and ``-ε_j`` (N must be even).
     rank: None (full rank) or the EGGROLL rank ``r``.
     low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``

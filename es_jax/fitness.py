@@ -107,11 +107,39 @@ def per_prompt_zscore(fitness: jax.Array) -> jax.Array:
   return jnp.mean(centred, axis=1) / scale
 
 
+def coverage(fitness: jax.Array) -> jax.Array:
+  """Coverage-targeted shaping (fitness sharing over prompts; not in the paper).
+
+  A member's reward on prompt x is shared with the other members that also solve x::
+
+    C_i = (1/P) Σ_x r_ix / (1 + Σ_{j≠i} max(r_jx, 0)),      w = zscore(C)
+
+  With 0/1 rewards a success counts 1 / (1 + the other members' successes on x): solving a prompt
+  the rest of the population misses is worth a full point, one everybody solves about 1/N. The
+  update therefore favours directions that widen the set of solved prompts (what Pass@k rewards)
+  over ones that re-solve the easy prompts. Graded rewards (e.g. 0.1 format credit) are shared
+  the same way.
+
+  Args:
+    fitness: ``[N, P]`` per-member, per-prompt rewards.
+
+  Returns:
+    ``[N]`` float32 weights (``zscore`` of ``C``); zeros if all ``C_i`` are equal. Non-finite
+    entries are replaced per prompt column as in ``per_prompt_zscore``.
+  """
+  r = replace_non_finite(_as_float32(fitness, 2, "coverage"), axis=0)
+  solved = jnp.maximum(r, 0.0)
+  others = jnp.sum(solved, axis=0, keepdims=True) - solved  # [N, P] the other members' sum
+  return zscore(jnp.mean(r / (1.0 + others), axis=1))
+
+
 SHAPINGS = {
   "zscore": zscore,
   "centered_rank": centered_rank,
   "per_prompt_zscore": per_prompt_zscore,
+  "coverage": coverage,
 }
+PER_PROMPT_SHAPINGS = ("per_prompt_zscore", "coverage")  # these take [N, P] rewards
 
 
 def get_shaping(name: str):

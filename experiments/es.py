@@ -27,6 +27,7 @@ import numpy as np
 import optax
 
 from es_jax import es as es_lib
+from es_jax import fitness as fitness_lib
 from es_jax import metrics, models, population
 from es_jax.rewards import failure_metrics
 from experiments import train_lib
@@ -136,7 +137,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
       )
     except ValueError as e:
       raise ValueError(f"config.es: {e}") from None
-    shaped = stats.rewards if cfg.shaping == "per_prompt_zscore" else fitness
+    shaped = stats.rewards if cfg.shaping in fitness_lib.PER_PROMPT_SHAPINGS else fitness
     state = _apply(state, shaped, step_key, optimizer=optimizer)
     values = step_metrics(fitness, stats)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.

@@ -2,7 +2,8 @@
 
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
-  method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep.
+  method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep |
+               diversity | report.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -12,6 +13,8 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   sequential   the two-stage schedule (PAPER.md §4).
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
+  diversity    the population diversity study (experiments/diversity.py, PAPER.md §6).
+  report       the cross-run report (experiments/report.py).
 
 Sample files for offline smoke runs live in experiments/configs/sample_data/.
 """
@@ -23,7 +26,17 @@ import os
 import ml_collections
 
 SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
-METHODS = ("es", "grpo", "sequential", "evaluate", "demo", "sparsity", "population_sweep")
+METHODS = (
+  "es",
+  "grpo",
+  "sequential",
+  "evaluate",
+  "demo",
+  "sparsity",
+  "population_sweep",
+  "diversity",
+  "report",
+)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -77,7 +90,7 @@ def base_config() -> ml_collections.ConfigDict:
     sigma=1.5e-3,
     learning_rate=2.5e-4,  # α; θ ← θ + (α/N) Σ z_i ε_i with optimizer "sgd"
     optimizer="sgd",  # "sgd" (the paper) | "adam"
-    shaping="zscore",  # "zscore" | "centered_rank" | "per_prompt_zscore"
+    shaping="zscore",  # "zscore" | "centered_rank" | "per_prompt_zscore" | "coverage"
     antithetic=False,
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
@@ -132,6 +145,30 @@ def base_config() -> ml_collections.ConfigDict:
   c.sparsity = dict(
     tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
   )
+  # method="diversity" (PAPER.md §6): n samples per member per eval problem; JS_succ, unions,
+  # JS_pol. run: an ES run dir ("" = config.model with config.es); step: its checkpoint (-1 the
+  # newest); key_step: the step key's global step (-1: the params' step, the run's own key);
+  # population_size / sigma: 0 = config.es's (the run's). kinds: es, group (one policy: GRPO's
+  # G samples), control (σ = 0). correction: null | miller_madow | none (metrics module).
+  c.diversity = dict(
+    run="",
+    step=-1,
+    key_step=-1,
+    population_size=0,
+    sigma=0.0,
+    num_samples=8,
+    temperature=0.6,
+    limit=16,
+    prompts_per_call=4,
+    pol_prompts=2,
+    pol_samples=2,
+    bootstrap=1000,
+    correction="null",
+    kinds="es,group,control",
+    checkpoints=False,
+  )
+  # method="report": run directories "a,b,c" and their labels "A,B,C" ("" = directory names).
+  c.report = dict(workdirs="", labels="")
   return c
 
 
@@ -153,6 +190,9 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
                 micro_batch_size=2)
   c.sequential.update(total_steps=4)
   c.checkpoint.update(every=1, keep=2)
+  c.diversity.update(
+    limit=2, num_samples=2, prompts_per_call=2, pol_prompts=1, pol_samples=2, bootstrap=200
+  )
   c.mesh.pop = 1  # tiny batches: one device (the tests run with 8 fake CPU devices)
   return c
 

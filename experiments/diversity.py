@@ -1,0 +1,419 @@
+"""Diversity study (PAPER.md §6): how differently the members of an ES population succeed.
+
+    python -m experiments.main --config experiments/configs/demo.py --workdir runs/diversity \
+        --config.method=diversity --config.diversity.run=runs/demo/es
+
+For the population θ + σ ε_i, i < N, with ε_i the noise of a step key, every member samples n
+responses per held-out problem (config.eval's task, `diversity.limit` problems) at
+`diversity.temperature`; the task's verifier scores them. From the counts c_i(x):
+
+  JS_succ(x)  = h(p̄) − (1/N) Σ_i h(p_i),  p_i = c_i / n, bias-corrected
+                (`es_jax.metrics.js_success_from_counts`), mean over problems with a bootstrap CI
+  union       1 − Π_i (1 − p_i) (one sample per member) vs a single policy's 1 − (1 − p̄)^N, and
+              the observed rate at which draw j of some member succeeds (unbiased for the former)
+  JS_pol(x)   = H(π̄) − (1/N) Σ H(π_i) on the first `pol_prompts` problems: `pol_samples`
+                completions per member scored by every member's log-likelihood at the temperature
+
+The same numbers for a GRPO-style group (N x n samples of the centre policy θ: one policy,
+expected ≈ 0) and a control (the ES machinery at σ = 0, expected ≈ 0).
+
+The model: `diversity.run` (an ES run directory: its seed, model and es settings, its checkpoint
+`diversity.step`, newest by default), else config.model (source orbax: that checkpoint) with
+config.es. The step key defaults to the run's own for the population around these params:
+fold_in(run_keys(seed)["noise"], g) with g the checkpoint's global step (0 for a base model),
+the population the run evaluates at its next step. Writes workdir/diversity/{table.md,table.json}.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from es_jax import grpo, metrics, models, noise, population, rewards, sampling
+from es_jax.checkpoint import Checkpointer
+from es_jax.models.transformer import forward, positions_from_mask
+from experiments import eval_results, sparsity, train_lib
+
+log = logging.getLogger(__name__)
+KINDS = {"es": "ES population", "group": "GRPO group (one policy)", "control": "ES at σ = 0"}
+
+
+def _restore(ckpt_dir: str, step: int) -> tuple[Any, int]:
+  """(params, global step) of a run's checkpoint (`step` -1: the newest)."""
+  ckpt = Checkpointer(ckpt_dir, async_save=False)
+  try:
+    restored = ckpt.restore(None if step < 0 else step)
+  finally:
+    ckpt.close()
+  state, meta = restored.state, restored.meta
+  params = state["params"] if isinstance(state, dict) and "params" in state else state
+  position, per_step = meta.get("data_position"), meta.get("config", {}).get("data", {})
+  per_step = per_step.get("prompts_per_step") if isinstance(per_step, dict) else None
+  g = position // per_step if position is not None and per_step else int(meta["step"])
+  return jax.tree.map(jnp.asarray, params), int(g)
+
+
+def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """The params, model, tokenizer, seed, ES settings and global step the study is about."""
+  d = config.diversity
+  seed, model_cfg, es_cfg = config.seed, config.model, config.es
+  if d.run:
+    path = os.path.join(d.run, "config.json")
+    train_lib.check(os.path.exists(path), "diversity.run", d.run, "need a run dir with config.json")
+    with open(path) as f:
+      saved = ml_collections.ConfigDict(json.load(f))
+    seed, model_cfg, es_cfg = saved.seed, saved.model, saved.es
+  if d.run or model_cfg.source == "orbax":
+    ckpt_dir = sparsity.checkpoint_dir_of(d.run) if d.run else model_cfg.path
+    # A run's config.model is its base model; an orbax source names its base in base_*.
+    base = dict(model_cfg)
+    if not d.run:
+      base.update(source=model_cfg.base_source or "default", path=model_cfg.base_path)
+    model, tokenizer = train_lib.load_model(base, seed=seed)
+    params, g = _restore(ckpt_dir, int(d.step))
+  else:
+    model, tokenizer = train_lib.load_model(model_cfg, seed=seed)
+    params, g = models.params(model), 0
+  g = g if d.key_step < 0 else int(d.key_step)
+  return dict(
+    params=params,
+    model_config=model.config,
+    tokenizer=tokenizer,
+    seed=int(seed),
+    es=es_cfg,
+    global_step=g,
+    step_key=jax.random.fold_in(train_lib.run_keys(seed)["noise"], g),
+  )
+
+
+@functools.partial(
+  jax.jit, static_argnames=("config", "rank", "antithetic", "low_rank_vectors", "completion_length")
+)
+def _member_loglik(
+  params,
+  step_key,
+  i,
+  sigma,
+  temperature,
+  tokens,
+  mask,
+  *,
+  config,
+  rank,
+  antithetic,
+  low_rank_vectors,
+  completion_length,
+):
+  """[B] log π_i(completion | prompt) at `temperature` for member i of the population."""
+  if rank is None:
+    params_i = noise.perturb_member(params, step_key, i, sigma, antithetic=antithetic)
+    deltas = scale = None
+  else:
+    params_i, deltas, scale = population.low_rank_member(
+      params,
+      step_key,
+      i,
+      sigma,
+      rank=rank,
+      antithetic=antithetic,
+      low_rank_vectors=low_rank_vectors,
+    )
+
+  def apply(p, t, m):
+    logits, _ = forward(
+      p, t, positions_from_mask(m), config=config, mask=m, deltas=deltas, delta_scale=scale
+    )
+    return logits
+
+  logp, _ = grpo.token_logprobs(apply, params_i, tokens, mask, temperature=temperature)
+  done = mask[:, -completion_length:]
+  return jnp.sum(jnp.where(done, logp[:, -completion_length:], 0.0), axis=-1)
+
+
+class Study:
+  """Samples, scores and measures one population kind (module docstring)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, source: dict[str, Any]):
+    d, es = config.diversity, source["es"]
+    self.n = train_lib.positive_int(d.num_samples, "diversity.num_samples")
+    self.members = int(d.population_size or es.population_size)
+    train_lib.positive_int(self.members, "diversity.population_size")
+    self.sigma = float(d.sigma or es.sigma)
+    train_lib.check(self.sigma > 0, "diversity.sigma", d.sigma, "need > 0 (0 = es.sigma)")
+    self.temperature = float(d.temperature)
+    train_lib.check(
+      self.temperature > 0,
+      "diversity.temperature",
+      d.temperature,
+      "need > 0: p_i and JS_pol need sampled responses",
+    )
+    self.chunk = int(es.members_per_chunk) if self.members % int(es.members_per_chunk) == 0 else 1
+    self.rank = int(es.rank) or None
+    self.antithetic, self.low_rank_vectors = bool(es.antithetic), es.low_rank_vectors
+    self.source, self.config = source, config
+    self.tokenizer, self.task = source["tokenizer"], config.eval.task
+    self.max_new_tokens = train_lib.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
+    self.eos_ids, self.pad_id = train_lib.eos_ids(self.tokenizer), train_lib.pad_id(self.tokenizer)
+
+  def completions(self, kind: str, ids: np.ndarray, mask: np.ndarray, key: jax.Array):
+    """tokens and mask [N, R, T] of every member on prompt rows ids/mask [R, S]."""
+    src = self.source
+    if kind == "group":  # one policy: N x R rows of θ, split into N pseudo-members
+      out = sampling.generate(
+        src["params"],
+        np.tile(ids, (self.members, 1)),
+        np.tile(mask, (self.members, 1)),
+        key=key,
+        max_new_tokens=self.max_new_tokens,
+        temperature=self.temperature,
+        eos_ids=self.eos_ids,
+        pad_id=self.pad_id,
+        config=src["model_config"],
+      )
+      shape = (self.members, ids.shape[0], -1)
+      return np.asarray(out.tokens).reshape(shape), np.asarray(out.mask).reshape(shape)
+    out = population.population_completions(
+      src["params"],
+      jnp.asarray(ids),
+      jnp.asarray(mask),
+      src["step_key"],
+      key,
+      jnp.float32(self.sigma if kind == "es" else 0.0),
+      jnp.float32(self.temperature),
+      jnp.float32(1.0),
+      config=src["model_config"],
+      population_size=self.members,
+      members_per_chunk=self.chunk,
+      mesh=None,
+      antithetic=self.antithetic,
+      rank=self.rank,
+      low_rank_vectors=self.low_rank_vectors,
+      precision="fp32",
+      max_new_tokens=self.max_new_tokens,
+      eos_ids=self.eos_ids,
+      pad_id=self.pad_id,
+      use_top_p=False,
+      share_sample_key=False,
+    )
+    return np.asarray(out.tokens), np.asarray(out.mask)
+
+  def correct(self, tokens, mask, examples) -> np.ndarray:
+    """[N, R] bool: the eval task's verifier on each member's decoded completions."""
+    out = np.zeros(tokens.shape[:2], bool)
+    for i in range(tokens.shape[0]):
+      for r, ex in enumerate(examples):
+        text = self.tokenizer.decode(tokens[i, r][mask[i, r]], skip_special_tokens=True)
+        out[i, r] = rewards.is_correct(text, ex, task=self.task)
+    return out
+
+  def js_policy(self, kind: str, ids, mask, tokens, comp_mask) -> np.ndarray:
+    """[P'] JS_pol from tokens [N, P', S, T]: ll[i, j, s] = log π_i(y_js), every i scoring."""
+    n_members, p, s, t = tokens.shape
+    full = np.concatenate(
+      [
+        np.repeat(np.repeat(ids[None], n_members, 0), s, 1).reshape(-1, ids.shape[-1]),
+        tokens.transpose(1, 0, 2, 3).reshape(-1, t),
+      ],
+      axis=1,
+    )
+    full_mask = np.concatenate(
+      [
+        np.repeat(np.repeat(mask[None], n_members, 0), s, 1).reshape(-1, mask.shape[-1]),
+        comp_mask.transpose(1, 0, 2, 3).reshape(-1, t),
+      ],
+      axis=1,
+    )
+    # The group's policy θ is the population at σ = 0 (one compiled scorer for every kind).
+    sigma = self.sigma if kind == "es" else 0.0
+    ll = [
+      np.asarray(
+        _member_loglik(
+          self.source["params"],
+          self.source["step_key"],
+          jnp.int32(i),
+          jnp.float32(sigma),
+          jnp.float32(self.temperature),
+          jnp.asarray(full),
+          jnp.asarray(full_mask),
+          config=self.source["model_config"],
+          rank=self.rank,
+          antithetic=self.antithetic,
+          low_rank_vectors=self.low_rank_vectors,
+          completion_length=t,
+        )
+      )
+      for i in range(n_members)
+    ]
+    ll = np.stack(ll).reshape(n_members, p, n_members, s).transpose(1, 0, 2, 3)  # [P', i, j, s]
+    return np.asarray(metrics.js_policy_diversity(ll), np.float64)
+
+  def measure(self, kind: str, examples: list[dict], key: jax.Array) -> dict[str, Any]:
+    """Counts, JS_succ, union and JS_pol of population `kind` on `examples`."""
+    d = self.config.diversity
+    per_call = train_lib.positive_int(d.prompts_per_call, "diversity.prompts_per_call")
+    pol_prompts = min(int(d.pol_prompts), len(examples))
+    pol_samples = min(int(d.pol_samples), self.n)
+    counts, first_draw, pol = [], [], []
+    all_ids, all_mask = train_lib.encode_examples(self.tokenizer, examples)  # one prompt length
+    per_call = min(per_call, len(examples))
+    for b, start in enumerate(range(0, len(examples), per_call)):
+      block = examples[start : start + per_call]
+      # The last block is padded with its last prompt (results dropped): one compiled shape.
+      rows = np.minimum(np.arange(start, start + per_call), len(examples) - 1)
+      ids, mask = all_ids[rows], all_mask[rows]
+      block = block + [block[-1]] * (per_call - len(block))
+      real = min(per_call, len(examples) - start)
+      ids_rep, mask_rep = np.repeat(ids, self.n, 0), np.repeat(mask, self.n, 0)  # row p·n + j
+      tokens, comp_mask = self.completions(kind, ids_rep, mask_rep, jax.random.fold_in(key, b))
+      rep = [ex for ex in block for _ in range(self.n)]
+      ok = self.correct(tokens, comp_mask, rep).reshape(self.members, len(block), self.n)
+      ok = ok[:, :real]
+      counts.append(ok.sum(-1))
+      first_draw.append(ok.any(axis=0).mean(axis=-1))  # [P]: draw j of some member succeeds
+      take = min(pol_prompts - start, real)
+      if take > 0 and pol_samples > 0:
+        shape = (self.members, len(block), self.n, -1)
+        pol.append(
+          self.js_policy(
+            kind,
+            ids[:take],
+            mask[:take],
+            tokens.reshape(shape)[:, :take, :pol_samples],
+            comp_mask.reshape(shape)[:, :take, :pol_samples],
+          )
+        )
+    c = np.concatenate(counts, axis=1)  # [N, P]
+    p_hat = c / self.n
+    js = metrics.js_success_from_counts(c, self.n, correction=d.correction)
+    ci = metrics.bootstrap_ci(js, num_resamples=int(d.bootstrap), seed=int(self.config.seed))
+    union = metrics.success_union(p_hat)
+    return {
+      "kind": kind,
+      "label": KINDS[kind],
+      "members": self.members,
+      "samples": self.n,
+      "problems": int(c.shape[1]),
+      "sigma": self.sigma if kind == "es" else 0.0,
+      "pass@1": float(p_hat.mean()),
+      "member_pass@1": [float(v) for v in p_hat.mean(axis=1)],
+      "js_succ": ci.mean,
+      "js_succ_ci": [ci.low, ci.high],
+      "js_succ_plugin": float(metrics.js_success_diversity(p_hat)),
+      "union_population": float(np.mean(union.population)),
+      "union_single_policy": float(np.mean(union.mean_policy)),
+      "union_observed": float(np.mean(np.concatenate(first_draw))),
+      "js_pol": float(np.mean(np.concatenate(pol))) if pol else None,
+      "js_pol_prompts": pol_prompts if pol else 0,
+      "counts": c.tolist(),
+    }
+
+
+def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
+  d = config.diversity
+  head = [
+    "population",
+    "N",
+    "n",
+    "problems",
+    "σ",
+    "Pass@1",
+    "JS_succ [95% CI]",
+    "JS_succ plug-in",
+    "union 1−Π(1−p_i)",
+    "single 1−(1−p̄)^N",
+    "union observed",
+    "JS_pol",
+  ]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in rows:
+    lo, hi = r["js_succ_ci"]
+    pol = "–" if r["js_pol"] is None else f"{r['js_pol']:.4f} ({r['js_pol_prompts']} prompts)"
+    lines.append(
+      "| "
+      + " | ".join(
+        [
+          r["label"],
+          str(r["members"]),
+          str(r["samples"]),
+          str(r["problems"]),
+          f"{r['sigma']:g}",
+          f"{r['pass@1']:.3f}",
+          f"{r['js_succ']:.4f} [{lo:.4f}, {hi:.4f}]",
+          f"{r['js_succ_plugin']:.4f}",
+          f"{r['union_population']:.3f}",
+          f"{r['union_single_policy']:.3f}",
+          f"{r['union_observed']:.3f}",
+          pol,
+        ]
+      )
+      + " |"
+    )
+  return "\n".join(
+    [
+      "# Diversity study",
+      "",
+      f"Params at global step {source['global_step']} "
+      f"({d.run or config.model.source}); ES step key fold_in(noise, {source['global_step']}) of "
+      f"seed {source['seed']}. Task `{config.eval.task}` split `{config.eval.split}`, temperature "
+      f"{d.temperature}, {config.eval.max_new_tokens} new tokens at most.",
+      "",
+      *lines,
+      "",
+      f"JS_succ in nats, `{d.correction}` bias correction (es_jax.metrics.js_success_from_counts), "
+      f"mean over problems with a {d.bootstrap}-resample bootstrap CI over problems. Unions from "
+      "the estimated p_i (plug-in); 'union observed': how often draw j of at least one member "
+      "succeeds. JS_pol: Monte-Carlo policy JS on sequences (es_jax.metrics.js_policy_diversity).",
+      "",
+    ]
+  )
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`method="diversity"`: the study of the module docstring; returns {"report": table.md}."""
+  d = config.diversity
+  kinds = [k.strip() for k in str(d.kinds).split(",") if k.strip()]
+  for k in kinds:
+    train_lib.check(k in KINDS, "diversity.kinds", d.kinds, f"each one of {tuple(KINDS)}")
+  train_lib.check(
+    d.correction in metrics.JS_CORRECTIONS,
+    "diversity.correction",
+    d.correction,
+    f"use one of {metrics.JS_CORRECTIONS}",
+  )
+  source = load_population_source(config)
+  study = Study(config, source)
+  limit = train_lib.positive_int(d.limit, "diversity.limit")
+  examples = list(train_lib.load_examples(config.eval, "eval", limit=limit))
+  key = jax.random.fold_in(train_lib.run_keys(config.seed)["eval"], 0x5D1)
+  rows = []
+  for i, kind in enumerate(kinds):
+    rows.append(study.measure(kind, examples, jax.random.fold_in(key, i)))
+    log.info(
+      "diversity %s: JS_succ %.4f pass@1 %.3f", kind, rows[-1]["js_succ"], rows[-1]["pass@1"]
+    )
+  out = os.path.join(workdir, "diversity")
+  os.makedirs(out, exist_ok=True)
+  eval_results.write_json(
+    os.path.join(out, "table.json"),
+    {
+      "global_step": source["global_step"],
+      "seed": source["seed"],
+      "run": d.run,
+      "task": config.eval.task,
+      "temperature": float(d.temperature),
+      "rows": rows,
+    },
+  )
+  path = os.path.join(out, "table.md")
+  with open(path + ".tmp", "w") as f:
+    f.write(markdown(rows, source, config))
+  os.replace(path + ".tmp", path)
+  return {"report": path, "diversity": {r["kind"]: r["js_succ"] for r in rows}}
