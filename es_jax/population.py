@@ -47,7 +47,7 @@ from es_jax import noise as noise_lib
 from es_jax import sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import LAYER_MATRICES, unstack_layers
+from es_jax.models.transformer import LAYER_MATRICES, cast_params, unstack_layers
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], Any]
 
@@ -182,6 +182,9 @@ def population_completions(
         params_i = noise_lib.perturb_member(
           params, step_key, i, sigma, antithetic=antithetic, precision=precision
         )
+        # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute
+        # dtype, fused with the perturbation (no float32 member copy).
+        params_i = cast_params(params_i, config.jnp_dtype)
         if unroll_layers:
           # Hand generate its unrolled per-layer form directly: a member then holds one copy of
           # θ, not a stacked one plus generate's per-layer copy.

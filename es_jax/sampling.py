@@ -25,6 +25,7 @@ from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import (
   Params,
   Transformer,
+  cast_params,
   forward,
   init_cache,
   unstack_cache,
@@ -293,6 +294,8 @@ def _generate(
   one batch (one unbatched while loop: a vmapped loop would carry a per-row predicate and select
   the whole KV cache every step); only the model call is vmapped over the members.
   """
+  # Float32 master weights of a bf16 model: one cast before the loop, not one per step in forward.
+  params = cast_params(params, config.jnp_dtype)
   if member_axes is None:
     members = None
     B, S = prompt_ids.shape
