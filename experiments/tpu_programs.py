@@ -118,8 +118,10 @@ def make_mesh(devices, pop: int, model: int) -> Mesh:
   return Mesh(grid, sharding_lib.AXES, axis_types=(auto, auto))
 
 
-def _sds(shape, dtype, mesh, spec=P()):
-  return jax.ShapeDtypeStruct(tuple(shape), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec))
+def _sds(shape, dtype, mesh, spec=None):
+  return jax.ShapeDtypeStruct(
+    tuple(shape), jnp.dtype(dtype), sharding=NamedSharding(mesh, spec or P())
+  )
 
 
 def _key(mesh, shape=()):
@@ -274,7 +276,7 @@ class Setup:
 
   # --- programs: (lowered, one-step lowering or None, trips of the per-step figure) ---
 
-  def _prompts(self, mesh, rows, length, spec=P()):
+  def _prompts(self, mesh, rows, length, spec=None):
     return _sds((rows, length), jnp.int32, mesh, spec), _sds((rows, length), bool, mesh, spec)
 
   def _es_population(self):
