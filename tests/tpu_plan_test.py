@@ -60,10 +60,11 @@ def test_check_fits_names_the_setting():
   cfg = models.get_config("qwen2.5-1.5b")
   config = tpu_programs.load_config("experiments/configs/gsm8k_easy.py", [])
   chip = memory_plan.CHIPS["v5e"]
+  config.es.members_per_chunk = 4
   small = memory_plan.predict("es_population", config, cfg, pop=8, model=1, prompt_len=256)
   config.es.members_per_chunk = 1
   smaller = memory_plan.predict("es_population", config, cfg, pop=8, model=1, prompt_len=256)
   assert smaller.total < small.total
+  config.es.members_per_chunk = 4
   with pytest.raises(ValueError, match="es.members_per_chunk"):
-    config.es.members_per_chunk = 4
     memory_plan.check_config_fits(config, cfg, chip, programs=("es_population",), pop=8)
