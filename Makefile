@@ -7,7 +7,7 @@ DEMO_DIR ?= runs/demo
 # the suite is mostly compile-bound; on a 2-core machine 2 workers took 391 s, one took 477 s.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint bench clean tpu-check
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,12 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# Compiles tiny models for TPU topologies on this machine (no TPU): needs libtpu (~210 MB wheel,
+# ~680 MB installed), so it is not in `make test`.
+tpu-check: install
+	$(BIN)/pip install -q -e '.[tpu]'
+	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -q tests/tpu_plan_test.py
 
 lint: install
 	$(BIN)/ruff check es_jax experiments tests

@@ -32,7 +32,8 @@ def get_config(variant: str | None = None):
                 periodic_limit=64, periodic_num_samples=4)
   # Hard: sampled fitness at temperature 0.6 (PAPER.md §1).
   c.es.update(num_steps=200, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
-              temperature=0.6, max_new_tokens=8192, members_per_chunk=2)
+              temperature=0.6, max_new_tokens=8192, members_per_chunk=1)
+  # members_per_chunk=1: on a 32-chip slice the 32 members are one per chip (2 would not divide).
   c.grpo.update(num_steps=200, num_generations=8, learning_rate=1e-6, beta=0.001,
                 temperature=1.0, max_new_tokens=8192, mini_batch_size=256, micro_batch_size=1)
   c.sequential.update(total_steps=200, first_fraction=0.5)

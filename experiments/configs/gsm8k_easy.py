@@ -26,10 +26,13 @@ def get_config(variant: str | None = None):
   c.model.update(source="hf", path="Qwen/Qwen2.5-1.5B-Instruct")
   c.data.update(task="gsm8k", split="train", limit=7473, prompts_per_step=64)
   c.eval.update(task="gsm8k", split="test", limit=1319, num_samples=32, temperature=0.6,
-                max_new_tokens=2048, batch_size=264, ks=(1, 16, 32), every=50,
+                max_new_tokens=2048, batch_size=64, ks=(1, 16, 32), every=50,
                 periodic_limit=128, periodic_num_samples=4)
+  # members_per_chunk=1 and eval.batch_size=64: compiled for v5e:2x4 (experiments.tpu_plan,
+  # docs/tpu_plan.md), 4 members per chunk need 38.0 GiB of temporaries per chip and a 264-row
+  # eval batch 27.5 GiB (16 GiB HBM); 1 member: 13.6 GiB, 64 rows: 7.9 GiB.
   c.es.update(num_steps=234, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
-              temperature=0.0, max_new_tokens=2048, members_per_chunk=4)
+              temperature=0.0, max_new_tokens=2048, members_per_chunk=1)
   c.grpo.update(num_steps=234, num_generations=8, learning_rate=1e-6, beta=0.001,
                 temperature=1.0, max_new_tokens=2048, mini_batch_size=256, micro_batch_size=2)
   c.sequential.update(total_steps=234, first_fraction=0.5)

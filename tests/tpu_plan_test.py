@@ -1,0 +1,70 @@
+"""experiments.tpu_plan: tiny models compile for TPU topologies on this CPU host (needs libtpu)."""
+
+import os
+
+import pytest
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+pytest.importorskip("libtpu", reason="libtpu not installed (pip install -e '.[tpu]')")
+
+import jax  # noqa: E402
+
+from es_jax import memory_plan, models, sampling  # noqa: E402
+from experiments import tpu_plan, tpu_programs  # noqa: E402
+
+CONFIG = "experiments/configs/gsm8k_easy.py:smoke"
+
+
+def _config(population_size):
+  return tpu_programs.load_config(
+    CONFIG,
+    [
+      "--config.method=sequential",
+      "--config.mesh.pop=0",  # every device of the topology
+      f"--config.es.population_size={population_size}",
+      "--config.data.prompts_per_step=4",
+      "--config.grpo.micro_batch_size=1",
+    ],
+  )
+
+
+@pytest.mark.parametrize("topology,population_size", [("v5e:2x2", 8), ("v4:2x2x1", 16)])
+def test_every_program_compiles_for_tpu(topology, population_size):
+  results = tpu_plan.plan(_config(population_size), topology, step_cost=False)
+  assert [r["program"] for r in results] == list(tpu_plan.PROGRAMS["sequential"])
+  for r in results:
+    assert not r.get("error"), r
+    assert r["fits"] and r["total"] > 0 and r["code"] > 0, r
+    assert r["settings"]["pop"] == (4 if topology.startswith("v5e") else 8)
+  assert tpu_plan.exit_code(results) == tpu_plan.EXIT_FITS
+  assert jax.default_backend() == "cpu"  # compiling for TPU leaves the host backend alone
+
+
+def test_layer_layout_follows_the_target_devices():
+  devices = tpu_programs.topology_devices("v5e:2x2")
+  assert not sampling.default_unroll_layers(tpu_programs.make_mesh(devices, 4, 1))
+  assert sampling.default_unroll_layers(jax.devices()) and sampling.default_unroll_layers()
+  with sampling.target_platform("tpu"):
+    assert not sampling.default_unroll_layers()
+  assert sampling.default_unroll_layers()
+
+
+def test_bad_input_is_one_line_naming_the_field(capsys):
+  code = tpu_plan.main(["--config", CONFIG, "--topology", "v5e:2x2", "--config.es.rankk=4"])
+  assert code == tpu_plan.EXIT_BAD_INPUT
+  assert "config.es.rankk" in capsys.readouterr().err
+  assert tpu_plan.main(["--config", CONFIG, "--topology", "v9:2x2"]) == tpu_plan.EXIT_BAD_INPUT
+
+
+def test_check_fits_names_the_setting():
+  cfg = models.get_config("qwen2.5-1.5b")
+  config = tpu_programs.load_config("experiments/configs/gsm8k_easy.py", [])
+  chip = memory_plan.CHIPS["v5e"]
+  config.es.members_per_chunk = 4
+  small = memory_plan.predict("es_population", config, cfg, pop=8, model=1, prompt_len=256)
+  config.es.members_per_chunk = 1
+  smaller = memory_plan.predict("es_population", config, cfg, pop=8, model=1, prompt_len=256)
+  assert smaller.total < small.total
+  config.es.members_per_chunk = 4
+  with pytest.raises(ValueError, match="es.members_per_chunk"):
+    memory_plan.check_config_fits(config, cfg, chip, programs=("es_population",), pop=8)
