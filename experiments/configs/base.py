@@ -3,7 +3,7 @@
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
   method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep |
-               diversity | report.
+               diversity.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -14,7 +14,6 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
   diversity    the population diversity study (experiments/diversity.py, PAPER.md §6).
-  report       the cross-run report (experiments/report.py).
 
 Sample files for offline smoke runs live in experiments/configs/sample_data/.
 """
@@ -35,7 +34,6 @@ METHODS = (
   "sparsity",
   "population_sweep",
   "diversity",
-  "report",
 )
 
 
@@ -167,8 +165,6 @@ def base_config() -> ml_collections.ConfigDict:
     kinds="es,group,control",
     checkpoints=False,
   )
-  # method="report": run directories "a,b,c" and their labels "A,B,C" ("" = directory names).
-  c.report = dict(workdirs="", labels="")
   return c
 
 
