@@ -1,7 +1,7 @@
 """Evolution Strategies as an optax gradient transformation.
 
-The ES step of the paper (PAPER.md §1; Qiu et al., arXiv 2509.24372), with the noise regenerated
-from keys (``es_jax.noise``) rather than stored::
+The ES step of the paper (docs/method.md §1; Qiu et al., arXiv 2509.24372), with the noise
+regenerated from keys (``es_jax.noise``) rather than stored::
 
   θ ← θ + (α / N) Σ_i w_i ε_i,      w = shaping(R),  ε_i the noise of member i
 
@@ -45,7 +45,7 @@ def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
   """``Σ_j w_j a_j b_j^T / sqrt(r)`` for a matrix leaf, without materialising any ``a_j b_j^T``.
 
   The factors of all members are concatenated along the rank axis, weighted on the ``a`` side, and
-  contracted in one matmul of inner size ``M r`` (EGGROLL, arXiv 2511.16652, §2 of PAPER.md);
+  contracted in one matmul of inner size ``M r`` (EGGROLL, arXiv 2511.16652, docs/method.md §2);
   leading (layer) dims are batch dims. Memory ``O(M r (m + n))`` per matrix for the factors plus
   the output.
   """
@@ -196,7 +196,7 @@ def es_gradient(
   rank: int | None = None,
   low_rank_vectors: str = "full",
 ) -> optax.GradientTransformationExtraArgs:
-  """ES search direction as an optax transform (PAPER.md §1; arXiv 2509.24372; EGGROLL for rank).
+  """ES search direction as an optax transform (docs/method.md §1-2).
 
   ``update(updates, state, params, *, fitness, key)`` ignores ``updates`` and returns
 

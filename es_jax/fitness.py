@@ -42,7 +42,7 @@ def _as_float32(fitness: jax.Array, ndim: int, name: str) -> jax.Array:
 
 
 def zscore(fitness: jax.Array) -> jax.Array:
-  """Z-score shaping, the paper's (PAPER.md §1; Qiu et al., arXiv 2509.24372).
+  """Z-score shaping, the paper's (docs/method.md §1; Qiu et al., arXiv 2509.24372).
 
   ``z_i = (R_i - mean(R)) / (std(R) + 1e-8)`` with the population std (ddof 0).
 

@@ -1,7 +1,7 @@
 """GRPO: group-relative advantages, the clipped surrogate loss, and per-token log-probabilities.
 
-GRPO (DeepSeekMath, arXiv 2402.03300; PAPER.md §3) samples G completions per prompt and gives each
-token the completion's reward relative to its group as advantage, then minimises a PPO-style clipped
+GRPO (DeepSeekMath, arXiv 2402.03300; docs/method.md §3) samples G completions per prompt and gives
+each token the completion's reward relative to its group as advantage, then minimises a PPO-style clipped
 surrogate plus an optional k3 KL penalty to a frozen reference policy.
 
 Axis letters: P prompts, G generations per prompt (one group), B sequences (B = P·G for a whole
@@ -42,7 +42,7 @@ def group_advantages(
 
   Â_{p,i} = (r_{p,i} − r̄_p) / (s_p + eps),  r̄_p = (1/G) Σ_i r_{p,i},  with s_p chosen by `std`:
 
-  - "population": s_p = sqrt((1/G) Σ_i (r_{p,i} − r̄_p)²), the paper's choice (PAPER.md §3).
+  - "population": s_p = sqrt((1/G) Σ_i (r_{p,i} − r̄_p)²), the paper's choice (docs/method.md §3).
   - "unbiased": s_p = sqrt((1/(G−1)) Σ_i (r_{p,i} − r̄_p)²), Bessel-corrected (TRL, with eps=1e-4).
   - None: no division, Â_{p,i} = r_{p,i} − r̄_p (Dr.GRPO, arXiv 2503.20783); `eps` is unused.
 

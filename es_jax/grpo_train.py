@@ -1,6 +1,6 @@
 """The GRPO train step: rollout (G samples per prompt), then a jitted, data-parallel update.
 
-One GRPO step (PAPER.md §3), as experiments/grpo.py wires it:
+One GRPO step (docs/method.md §3), as experiments/grpo.py wires it:
 
   completions, batch = rollout(state.params, prompts, ..., num_generations=G)  # grpo_rollout.py
   host: decode → reward → rewards [P, G]
@@ -78,7 +78,7 @@ def make_optimizer(
 
   learning_rate, weight_decay and max_grad_norm live in the optimizer state
   (`optax.inject_hyperparams`), so they can be changed between steps without recompiling; a
-  schedule is evaluated at the optimizer step count. Paper default: lr 1e-6 (PAPER.md §3).
+  schedule is evaluated at the optimizer step count. Paper default: lr 1e-6 (docs/method.md §3).
   """
   for name, value in (("max_grad_norm", max_grad_norm), ("weight_decay", weight_decay)):
     if not value >= 0:

@@ -6,7 +6,7 @@ they consume per-problem correctness counts. Array metrics on model outputs and 
 accept NumPy or JAX inputs (pytrees for parameters) and are jittable.
 
 Axis letters: N population members, P prompts, S sampled sequences per member, B batch, T tokens.
-References: Chen et al. 2021 (Pass@k); ../shared/PAPER.md §5–7 (the study's definitions).
+References: Chen et al. 2021 (Pass@k); ../shared/docs/method.md §5–7 (the study's definitions).
 """
 
 from collections.abc import Hashable, Mapping, Sequence
@@ -118,7 +118,7 @@ def macro_average(scores: Mapping[str, Any]) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Diversity (PAPER.md §6)
+# Diversity (docs/method.md §6)
 
 
 def binary_entropy(p: jax.Array) -> jax.Array:
@@ -160,7 +160,7 @@ def success_union(p: jax.Array) -> SuccessUnion:
 
     population = 1 − Π_i (1 − p_i)  ≥  mean_policy = 1 − (1 − p̄)^N   (AM–GM),
 
-  the gap being ≈ N p̄ (1 − p̄)^{N−1} JS_succ (PAPER.md §6).
+  the gap being ≈ N p̄ (1 − p̄)^{N−1} JS_succ (docs/method.md §6).
 
   Args:
     p: [N, P] per-member success probabilities.
@@ -196,7 +196,7 @@ def expected_binary_entropy(n: int, p: Any) -> np.ndarray:
 
 
 def js_success_from_counts(counts: Any, n: int, *, correction: str = "null") -> np.ndarray:
-  """Per-prompt JS_succ from success counts c_i(x) out of n samples per member (PAPER.md §6).
+  """Per-prompt JS_succ from success counts c_i(x) out of n samples per member (docs/method.md §6).
 
   The plug-in value h(p̂̄) − (1/N) Σ h(p̂_i), p̂_i = c_i / n, is biased upwards: h is concave, so
   each h(p̂_i) averages below h(p_i) by about 1/(2n) while the pooled h(p̂̄) loses only about
@@ -309,7 +309,7 @@ def js_policy_diversity(loglik: jax.Array) -> jax.Array:
 
 
 # ---------------------------------------------------------------------------------------------
-# Token entropy, drift, sparsity (PAPER.md §7)
+# Token entropy, drift, sparsity (docs/method.md §7)
 
 
 def token_entropy(entropy: jax.Array, mask: jax.Array, *, eps: float = 1e-8) -> jax.Array:
@@ -340,7 +340,7 @@ def _leaves_pair(params: Any, base: Any, name: str) -> tuple[list, list]:
 
 
 def relative_drift(params: Any, base: Any) -> jax.Array:
-  """Relative parameter drift ‖θ − θ₀‖₂ / ‖θ₀‖₂ over all leaves (PAPER.md §7), in float32."""
+  """Relative parameter drift ‖θ − θ₀‖₂ / ‖θ₀‖₂ over all leaves (docs/method.md §7), in float32."""
   leaves, base_leaves = _leaves_pair(params, base, "relative_drift")
   diff_sq = sum(
     jnp.sum(jnp.square(jnp.asarray(a, jnp.float32) - jnp.asarray(b, jnp.float32)))
@@ -351,7 +351,7 @@ def relative_drift(params: Any, base: Any) -> jax.Array:
 
 
 def update_sparsity(delta: Any, tau: float) -> jax.Array:
-  """Fraction of changed coordinates that thresholding at τ would reset (PAPER.md §7).
+  """Fraction of changed coordinates that thresholding at τ would reset (docs/method.md §7).
 
     s_τ = |{0 < |Δθ| ≤ τ}| / |{|Δθ| > 0}|,   0 when nothing changed.
 

@@ -368,9 +368,9 @@ def apply_noise(
     noise: pytree from ``sample_noise``/``member_noise`` with the structure of ``params``.
     sigma: noise scale σ (a value, so changing it does not recompile).
     precision: ``"fp32"``: ``(float32(w) + σ ε)`` rounded once to the weight dtype (exact for fp32
-      master weights). ``"bf16_faithful"``: the seed code's arithmetic in the weight dtype,
+      master weights). ``"bf16_faithful"``: the reference code's arithmetic in the weight dtype,
       ``round_w(w + round_w(σ · round_w(ε)))``, with ``round_w`` rounding to the weight dtype
-      (PAPER.md §1), so bf16 drift figures compare like for like. Identical for fp32 weights.
+      (docs/method.md §1), so bf16 drift figures compare like for like. Identical for fp32 weights.
 
   Returns:
     Perturbed params with the dtypes of ``params``.

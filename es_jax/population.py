@@ -1,6 +1,6 @@
 """Evaluating an ES population: perturbed members generate, the host scores, fitness comes back.
 
-One ES evaluation (PAPER.md §1, DESIGN.md "Data flow")::
+One ES evaluation (docs/method.md §1; docs/architecture.md, "Data flow")::
 
   for member i in [0, N):                    # chunks of M members, vmapped within a device,
     θ_i = θ + σ ε_i                          # chunks split over the mesh axis 'pop'

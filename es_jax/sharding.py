@@ -8,7 +8,7 @@ One mesh with two axes serves every run:
   on one chip; size 1 (everything replicated) is the default.
 
 Both axes are ``AxisType.Auto`` (jax 0.10's ``jax.make_mesh`` defaults to Explicit axes, under
-which indexing a sharded output raises ``ShardingTypeError``; see ENV-NOTES).
+which indexing a sharded output raises ``ShardingTypeError``).
 
 On a multi-host TPU pod call ``initialize_distributed()`` first thing (before any other JAX
 call); the mesh then spans every chip of every host, ordered so that the ``'model'`` axis stays

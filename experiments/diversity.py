@@ -1,4 +1,4 @@
-"""Diversity study (PAPER.md §6): how differently the members of an ES population succeed.
+"""Diversity study (docs/method.md §6): how differently the members of an ES population succeed.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/diversity \
         --config.method=diversity --config.diversity.run=runs/demo/es

@@ -1,5 +1,5 @@
-"""ES fine-tuning run (PAPER.md §1-2): population evaluation on one prompt batch per step, z-scored
-fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and HF export.
+"""ES fine-tuning run (docs/method.md §1-2): population evaluation on one prompt batch per step,
+z-scored fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and HF export.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/es \
         --config.method=es
@@ -82,7 +82,7 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
     "fitness/per_member": fitness,
     "length/mean": float(np.nanmean(stats.mean_length)),
     "entropy/mean": float(np.nanmean(stats.mean_entropy)),
-    # Greedy: p_i(x) ∈ {0, 1}; sampled: one draw. JS_succ averaged over prompts (PAPER.md §6).
+    # Greedy: p_i(x) ∈ {0, 1}; sampled: one draw. JS_succ averaged over prompts (docs/method.md §6).
     "diversity/js_success": float(metrics.js_success_diversity(success)),
     "success/union": float(success.max(axis=0).mean()),
   }

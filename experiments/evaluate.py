@@ -62,7 +62,7 @@ class TaskSpec(NamedTuple):
 
 
 def default_config() -> ml_collections.ConfigDict:
-  """The fields `run` reads, with the paper's sampling settings (PAPER.md §5)."""
+  """The fields `run` reads, with the paper's sampling settings (docs/method.md §5)."""
   return ml_collections.ConfigDict(
     {
       # source: default (bundled SmolLM2) | hf | gguf | orbax. For orbax, `path` is the

@@ -1,4 +1,4 @@
-"""Population size sweep (PAPER.md §8): ES training reward for several N on one model.
+"""Population size sweep (docs/method.md §8): ES training reward for several N on one model.
 
     python -m experiments.main --config experiments/configs/gsm8k_easy.py --workdir gs://B/sweep \
         --config.method=population_sweep --config.population_sweep.sizes=8,16,32,64

@@ -1,4 +1,4 @@
-"""Sequential schedules (PAPER.md §4): GRPO→ES or ES→GRPO within one budget of update steps.
+"""Sequential schedules (docs/method.md §4): GRPO→ES or ES→GRPO within one budget of update steps.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/grpo_es \
         --config.method=sequential --config.sequential.order=grpo_es

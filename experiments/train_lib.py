@@ -11,7 +11,7 @@ Data order. Step s (global) uses examples `order[s·P .. s·P + P)` of an endles
 one permutation of the pool per epoch (a fixed function of seed and epoch; the file order when
 shuffle is off). The data position of a checkpoint is therefore its step times P; nothing else
 needs saving. A sequential run's second stage continues the stream where the first stopped
-(PAPER.md §4 does not say; this choice reuses no prompt before an epoch ends).
+(docs/method.md §4 does not say; this choice reuses no prompt before an epoch ends).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ layout; the loaders transpose. The embedding is [V, D] in both.
 The low-rank hook: `forward(..., deltas=..., delta_scale=c)` adds c * a @ b.T to any matrix W
 ([..., m, n], a [..., m, R], b [..., n, R]) without materialising it:
 x @ (W + c a bᵀ) = x @ W + c (x @ a) @ bᵀ. `deltas` mirrors the params dict and holds (a, b)
-pairs only for the matrices that are perturbed; EGGROLL-style ES (PAPER.md §2) passes
+pairs only for the matrices that are perturbed; EGGROLL-style ES (docs/method.md §2) passes
 c = sigma / sqrt(R).
 
 Decoding: `forward` also takes the layers unstacked (`unstack_layers`: a tuple of per-layer

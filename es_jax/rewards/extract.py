@@ -101,7 +101,7 @@ def hash_answer(text: str) -> str | None:
 def last_number(text: str) -> str | None:
   """The last number in `text` (e.g. '-1,234.5' -> '-1234.5'), or None.
 
-  A fallback for weak models that answer in plain prose (ENV-NOTES: SmolLM2-135M boxes ~1% of
+  A fallback for weak models that answer in plain prose (measured: SmolLM2-135M boxes ~1% of
   the time). Only the last 10,000 characters are searched, which bounds the cost.
   """
   found = _last_match(_NUMBER_RE, text[-10_000:])

@@ -3,7 +3,7 @@
 The example is a reasoning-gym entry ({"question", "answer", "metadata"}), whose
 `metadata["source_dataset"]` names the task (e.g. "chain_sum"). The answer handed to the scorer is
 the last `\\boxed{}`, else the last `<answer>...</answer>`, else (with the default
-`fallback="last_number"`) the last number in the completion: ENV-NOTES found that SmolLM2-135M
+`fallback="last_number"`) the last number in the completion: we measured that SmolLM2-135M
 boxes about 1% of the time, so without the fallback the demo's rewards are almost all zero. The
 scorer's value is returned unchanged (some tasks give partial credit, e.g. countdown's 0.01/0.05).
 

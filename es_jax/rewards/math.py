@@ -1,6 +1,6 @@
 """Math rewards: boxed answers graded with math-verify (GSM8K, MATH, DeepScaleR, AIME, AMC).
 
-Training reward (PAPER.md §1, the study's seed code):
+Training reward (docs/method.md §1, as the reference ES code scores):
 
     r = 1.0               if the extracted answer is equivalent to the gold answer
         format_reward     (0.1) if an answer was given in the expected format but is wrong
@@ -8,7 +8,7 @@ Training reward (PAPER.md §1, the study's seed code):
 
 The answer is the last brace-matched `\\boxed{...}` (or `\\fbox{...}`); failing that, the number
 after GSM8K's `####` (also counted as formatted). With `fallback="last_number"` the last number in
-the text is used next; it can earn 1.0 but never the format credit (ENV-NOTES: SmolLM2-135M boxes
+the text is used next; it can earn 1.0 but never the format credit (measured: SmolLM2-135M boxes
 ~1% of the time, so without it the demo's rewards are almost all zero).
 
 Equivalence: two plain numbers are compared exactly in-process (`1,234` = `1234.0`); anything

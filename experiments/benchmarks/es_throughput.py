@@ -13,7 +13,7 @@ generates exactly T tokens and the work is equal). Timed, each after a compile c
 * full rank, vmapped: ``members_per_chunk=M`` members per chunk.
 * low rank (EGGROLL, ``rank=r``), vmapped: all members of a chunk share the base matmuls.
 * noise: drawing one member's full-rank noise and perturbing θ (``noise.perturb_member``) with
-  the default threefry PRNG vs ``rbg`` and ``unsafe_rbg`` keys (ENV-NOTES: noise can dominate a
+  the default threefry PRNG vs ``rbg`` and ``unsafe_rbg`` keys (measured: noise can dominate a
   CPU ES step), plus full rank looped with an ``rbg`` step key end to end.
 
 Prints generated tokens/s of each and its ratio to inference, plus the looped/vmapped and

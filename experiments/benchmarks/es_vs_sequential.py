@@ -1,4 +1,4 @@
-"""One ES step, batched (es_jax) against the seed code's perturb / generate / restore loop.
+"""One ES step, batched (es_jax) against the reference code's perturb / generate / restore loop.
 
     python -m experiments.benchmarks.es_vs_sequential [--model tiny|smollm2] [--population 16]
         [--prompts 4] [--prompt_len 32] [--max_new_tokens 16] [--members_per_chunk 4]
@@ -13,7 +13,7 @@ shaping and the update ``θ ← θ + (α/N) Σ_i w_i ε_i`` with ``ε_i`` regene
   vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(N, σ), sgd(α))`` update.
   With the default ``--looped`` the same step with ``M = 1`` is timed too, to separate what the
   vmap buys from what the single program buys.
-* sequential (the seed code's scheme, ported as PyTorch's in-place ``add_`` would be): for each
+* sequential (the reference code's scheme, ported as PyTorch's in-place ``add_`` would be): for each
   member ``i`` a jitted ``θ += σ ε_i`` (donated buffers, i.e. in place), ``sampling.generate`` on
   the P prompts, the host score, then a jitted ``θ -= σ ε_i``; the update regenerates every
   ``ε_i`` once more and adds ``(α/N) w_i ε_i`` member by member (jitted, in place). Each jitted
@@ -60,7 +60,7 @@ def score(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
   return ((tokens % 7) * mask).sum(axis=-1) / (6.0 * np.maximum(mask.sum(axis=-1), 1))
 
 
-# The seed code's primitives. Each is jitted on its own, with θ donated (the port of an in-place
+# The reference code's primitives, each jitted on its own, with θ donated (the port of an in-place
 # `param.data.add_(...)`), and the member index traced so each compiles once.
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _perturb(params, step_key, i, sigma):
@@ -90,7 +90,7 @@ def _sync(tree):
 
 
 def sequential_step(params, ids, mask, *, config, step_key, sigma, lr, n, max_new_tokens, phases):
-  """The seed code's ES step on ``params`` (consumed); returns (new params, fitness [N]).
+  """The reference code's ES step on ``params`` (consumed); returns (new params, fitness [N]).
 
   ``phases`` accumulates seconds per phase (each phase is synchronised, as eager PyTorch is).
   """

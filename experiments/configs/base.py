@@ -8,12 +8,12 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
   eval         held-out evaluation: periodic (every `every` steps, a small slice) and final.
-  es           ES hyperparameters (PAPER.md §1-2).
-  grpo         GRPO hyperparameters (PAPER.md §3).
-  sequential   the two-stage schedule (PAPER.md §4).
+  es           ES hyperparameters (docs/method.md §1-2).
+  grpo         GRPO hyperparameters (docs/method.md §3).
+  sequential   the two-stage schedule (docs/method.md §4).
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
-  diversity    the population diversity study (experiments/diversity.py, PAPER.md §6).
+  diversity    the population diversity study (experiments/diversity.py, docs/method.md §6).
 
 Sample files for offline smoke runs live in experiments/configs/sample_data/.
 """
@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
     # More tasks for the final evaluation (macro-averaged with `task`): task names, or dicts
     # {task, split, limit, task_config, data_dir, source_dir, label}; split, limit, data_dir
-    # default to this section's. E.g. held-out tasks to check for forgetting (PAPER.md §7).
+    # default to this section's. E.g. held-out tasks to check for forgetting (docs/method.md §7).
     extra_tasks=(),
   )
   c.es = dict(
@@ -137,13 +137,13 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True
   # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
-  # method="sparsity" (PAPER.md §7): a tuned run / checkpoint / HF dir against config.model.
-  # method="population_sweep" (PAPER.md §8): ES once per N; smoothed training reward per N.
+  # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
+  # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
   c.population_sweep = dict(sizes="8,16,32,64", window=10, tolerance=0.01, evaluate=False)
   c.sparsity = dict(
     tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
   )
-  # method="diversity" (PAPER.md §6): n samples per member per eval problem; JS_succ, unions,
+  # method="diversity" (docs/method.md §6): n samples per member per eval problem; JS_succ, unions,
   # JS_pol. run: an ES run dir ("" = config.model with config.es); step: its checkpoint (-1 the
   # newest); key_step: the step key's global step (-1: the params' step, the run's own key);
   # population_size / sigma: 0 = config.es's (the run's). kinds: es, group (one policy: GRPO's

@@ -1,4 +1,4 @@
-"""The paper's Hard setting (PAPER.md §1, §5, §9): DeepSeek-R1-Distill-Qwen-1.5B on DeepScaleR.
+"""The paper's Hard setting (docs/method.md §1, §5, §9): R1-Distill-Qwen-1.5B on DeepScaleR.
 
     python -m experiments.main --config experiments/configs/deepscaler_hard.py \
         --workdir gs://BUCKET/hard --config.method=sequential --config.sequential.order=es_grpo
@@ -30,7 +30,7 @@ def get_config(variant: str | None = None):
   c.eval.update(task="math500", split="test", limit=500, num_samples=32, temperature=0.6,
                 max_new_tokens=8192, batch_size=264, ks=(1, 16, 32), every=50,
                 periodic_limit=64, periodic_num_samples=4)
-  # Hard: sampled fitness at temperature 0.6 (PAPER.md §1).
+  # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
   c.es.update(num_steps=200, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
               temperature=0.6, max_new_tokens=8192, members_per_chunk=1)
   # members_per_chunk=1: on a 32-chip slice the 32 members are one per chip (2 would not divide).

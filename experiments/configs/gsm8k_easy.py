@@ -1,4 +1,4 @@
-"""The paper's Easy setting (PAPER.md §1, §3, §5): Qwen2.5-1.5B-Instruct on GSM8K.
+"""The paper's Easy setting (docs/method.md §1, §3, §5): Qwen2.5-1.5B-Instruct on GSM8K.
 
     python -m experiments.main --config experiments/configs/gsm8k_easy.py --workdir gs://BUCKET/es \
         --config.method=es          # or grpo | sequential (--config.sequential.order=es_grpo)
