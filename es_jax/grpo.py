@@ -1,8 +1,8 @@
 """GRPO: group-relative advantages, the clipped surrogate loss, and per-token log-probabilities.
 
 GRPO (DeepSeekMath, arXiv 2402.03300; docs/method.md §3) samples G completions per prompt and gives
-each token the completion's reward relative to its group as advantage, then minimises a PPO-style clipped
-surrogate plus an optional k3 KL penalty to a frozen reference policy.
+each token the completion's reward relative to its group as advantage, then minimises a PPO-style
+clipped surrogate plus an optional k3 KL penalty to a frozen reference policy.
 
 Axis letters: P prompts, G generations per prompt (one group), B sequences (B = P·G for a whole
 rollout), T completion tokens, S prompt + completion tokens, V vocabulary, K chunks of C positions.

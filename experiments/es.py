@@ -1,5 +1,6 @@
 """ES fine-tuning run (docs/method.md §1-2): population evaluation on one prompt batch per step,
-z-scored fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and HF export.
+z-scored fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and
+HF export.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/es \
         --config.method=es

@@ -1,5 +1,6 @@
 """GRPO fine-tuning run (docs/method.md §3): G sampled completions per prompt, group advantages,
-clipped policy-gradient steps with a k3 KL to the base model; checkpoints, resume, logging, evaluation.
+clipped policy-gradient steps with a k3 KL to the base model; checkpoints, resume, logging,
+evaluation.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/grpo \
         --config.method=grpo

@@ -1,5 +1,5 @@
-"""Functional sparsity of a fine-tuned model (docs/method.md §7): drift, where the large updates sit,
-and how Pass@1 changes when every small update is undone.
+"""Functional sparsity of a fine-tuned model (docs/method.md §7): drift, where the large updates
+sit, and how Pass@1 changes when every small update is undone.
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/sparsity_es \
         --config.method=sparsity --config.sparsity.tuned=runs/demo/es
