@@ -44,7 +44,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
 from es_jax import noise as noise_lib
-from es_jax import sampling
+from es_jax import reference_arithmetic, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import LAYER_MATRICES, cast_params, unstack_layers
@@ -179,9 +179,13 @@ def population_completions(
 
     def member_inputs(i):
       if rank is None:
-        params_i = noise_lib.perturb_member(
-          params, step_key, i, sigma, antithetic=antithetic, precision=precision
-        )
+        if precision == "reference":
+          key_i = noise_lib.member_key(step_key, i)
+          params_i = reference_arithmetic.perturb(params, key_i, sigma)
+        else:
+          params_i = noise_lib.perturb_member(
+            params, step_key, i, sigma, antithetic=antithetic, precision=precision
+          )
         # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute
         # dtype, fused with the perturbation (no float32 member copy).
         params_i = cast_params(params_i, config.jnp_dtype)
@@ -323,7 +327,8 @@ def evaluate(
     rank: None (full rank) or the EGGROLL rank ``r`` (low-rank hook, see module docstring).
     low_rank_vectors: ``"full"`` or ``"frozen"`` noise for vector leaves in low rank (norms and
       biases, stacked ones included: ``noise.is_matrix_leaf``).
-    precision: ``"fp32"`` or ``"bf16_faithful"`` (full rank only; see ``noise.apply_noise``).
+    precision: ``"fp32"`` or ``"bf16_faithful"`` (full rank only; see ``noise.apply_noise``), or
+      ``"reference"``: members perturbed as ``es_jax.reference_arithmetic.perturb`` does.
     temperature: 0 for greedy fitness (the paper's Easy setting).
     top_p: nucleus mass, or None.
     eos_ids: tokens that end a completion.
@@ -359,7 +364,10 @@ def evaluate(
   if sigma_value is not None and not sigma_value > 0:
     raise ValueError(f"sigma={sigma!r} must be > 0.")
   noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  noise_lib.validate_precision(precision)
+  if precision != "reference":  # reference: es_jax.reference_arithmetic's member arithmetic
+    noise_lib.validate_precision(precision)
+  if precision == "reference" and antithetic:
+    raise ValueError("precision='reference' draws one noise per member: use antithetic=False.")
   if rank is not None and precision != "fp32":
     raise ValueError(
       f"precision={precision!r} needs materialised weights; low-rank members (rank={rank}) go "

@@ -29,12 +29,12 @@ import optax
 
 from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
-from es_jax import metrics, models, population
+from es_jax import metrics, models, population, reference_arithmetic
 from es_jax.rewards import failure_metrics
 from experiments import train_lib
 
 OPTIMIZERS = ("sgd", "adam")
-PRECISIONS = ("fp32", "bf16", "bf16_faithful")
+PRECISIONS = ("fp32", "bf16", "bf16_faithful", "reference")
 log = logging.getLogger(__name__)
 
 
@@ -61,7 +61,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
 
 def master_weights(params, precision: str, compute_dtype) -> Any:
   """The weights ES updates for `es.precision`: float32 masters ("fp32"), or the model's own
-  compute dtype ("bf16", "bf16_faithful"), where `_apply`'s update is rounded to it once."""
+  compute dtype ("bf16", "bf16_faithful": `_apply`'s update is rounded to it once; "reference":
+  `_reference_apply` rounds as the reference code does)."""
   return models.cast_params(params, jnp.float32 if precision == "fp32" else compute_dtype)
 
 
@@ -70,6 +71,17 @@ def _apply(state: dict[str, Any], fitness, step_key, *, optimizer):
   params, opt_state = state["params"], state["opt_state"]
   updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=step_key)
   return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+
+
+@functools.partial(jax.jit, static_argnames=("shaping",), donate_argnums=(0,))
+def _reference_apply(state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping):
+  """es.precision="reference": the members' perturb/restore residues, then the reference code's
+  member-by-member update in the weights' dtype (es_jax.reference_arithmetic)."""
+  params = state["params"]
+  n = fitness.shape[0]
+  params = reference_arithmetic.residue(params, step_key, n, sigma)
+  weights = fitness_lib.get_shaping(shaping)(fitness)
+  return {**state, "params": reference_arithmetic.update(params, step_key, weights, alpha)}
 
 
 def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
@@ -97,6 +109,14 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
   optimizer = make_optimizer(cfg)
   rank = int(cfg.rank) or None
   train_lib.check(cfg.precision in PRECISIONS, "es.precision", cfg.precision, f"use {PRECISIONS}")
+  if cfg.precision == "reference":  # the reference code's plain ES step, nothing else
+    for field, ok, need in (
+      ("optimizer", cfg.optimizer == "sgd", "sgd"),
+      ("rank", int(cfg.rank) == 0, "0 (full rank)"),
+      ("antithetic", not cfg.antithetic, "False"),
+      ("shaping", cfg.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
+    ):
+      train_lib.check(ok, f"es.{field}", cfg[field], f"es.precision='reference' needs {need}")
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
   log.info(
@@ -129,7 +149,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
         rank=rank,
         low_rank_vectors=cfg.low_rank_vectors,
         # "bf16" is "fp32" arithmetic on weights already in the model's dtype.
-        precision="bf16_faithful" if cfg.precision == "bf16_faithful" else "fp32",
+        precision="fp32" if cfg.precision == "bf16" else cfg.precision,
         temperature=float(cfg.temperature),
         top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
         eos_ids=ctx.eos_ids,
@@ -139,7 +159,11 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     except ValueError as e:
       raise ValueError(f"config.es: {e}") from None
     shaped = stats.rewards if cfg.shaping in fitness_lib.PER_PROMPT_SHAPINGS else fitness
-    state = _apply(state, shaped, step_key, optimizer=optimizer)
+    if cfg.precision == "reference":
+      sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
+      state = _reference_apply(state, shaped, step_key, sigma, alpha, shaping=cfg.shaping)
+    else:
+      state = _apply(state, shaped, step_key, optimizer=optimizer)
     values = step_metrics(fitness, stats)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
     values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))

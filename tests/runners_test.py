@@ -57,7 +57,7 @@ def _leaves(tree, prefix=()):
     yield prefix, tree
 
 
-def _assert_trained(workdir, params):
+def _assert_trained(workdir, params, dtype=None):
   """The run's rewards varied (across ES members or GRPO samples) and its weights left the base
   model's: only then does comparing two runs' weights show anything. Smoke configs score with
   es_jax.rewards.synthetic.char_parity, which varies on a random model."""
@@ -65,7 +65,8 @@ def _assert_trained(workdir, params):
   spread = [r.get("fitness/std", r.get("reward/std", 0.0)) for r in rows if r["step"] > 0]
   assert spread and max(spread) > 0, "rewards never varied"
   model, _ = train_lib.load_model(_config(demo_config).model, seed=0)
-  base = {"/".join(map(str, k)): np.asarray(v) for k, v in _leaves(models.params(model))}
+  base = models.params(model) if dtype is None else models.cast_params(models.params(model), dtype)
+  base = {"/".join(map(str, k)): np.asarray(v) for k, v in _leaves(base)}
   assert set(base) == set(params)
   assert any(not np.array_equal(params[k], base[k]) for k in params), "weights never moved"
 
@@ -108,6 +109,20 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   for png in ("pass_at_k.png", "entropy.png", "reward.png"):
     assert os.path.getsize(tmp_path / png) > 1000
 
+
+
+def test_es_reference_precision_trains_bf16_weights(tmp_path):
+  # es.precision="reference": the reference code's bf16 arithmetic end to end; the weights stay
+  # bf16 and move (residues and the member-by-member update).
+  quiet = dict(eval__every=0, eval__final=False, export_hf=False)
+  ref = dict(method="es", es__precision="reference", es__rank=0, **quiet)
+  config = _config(demo_config, model__dtype="bfloat16", es__num_steps=2, **ref)
+  es.run(config, str(tmp_path))
+  _, saved = _params(str(tmp_path / "checkpoints"))
+  assert {a.dtype.name for a in saved.values()} == {"bfloat16"}
+  _assert_trained(str(tmp_path), saved, dtype="bfloat16")  # moved from the bf16 base weights
+  with pytest.raises(ValueError, match="es.optimizer"):
+    es.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
 
 @pytest.mark.parametrize(
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]

@@ -99,6 +99,8 @@ def base_config() -> ml_collections.ConfigDict:
     #     updates below its resolution are lost).
     #   "bf16_faithful": weights in the model's dtype with the reference PyTorch code's
     #     arithmetic for members: round(w + round(σ · round(ε))) (es_jax.noise.apply_noise).
+    #   "reference": all of that code's bf16 arithmetic (es_jax.reference_arithmetic): shape-shared
+    #     per-tensor noise, perturb/restore residues, a member-by-member update; sgd, full rank.
     precision="fp32",
     members_per_chunk=1,  # members vmapped together on a device
     max_new_tokens=64,
