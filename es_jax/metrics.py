@@ -6,7 +6,7 @@ they consume per-problem correctness counts. Array metrics on model outputs and 
 accept NumPy or JAX inputs (pytrees for parameters) and are jittable.
 
 Axis letters: N population members, P prompts, S sampled sequences per member, B batch, T tokens.
-References: Chen et al. 2021 (Pass@k); ../shared/docs/method.md §5–7 (the study's definitions).
+References: Chen et al. 2021 (Pass@k); docs/method.md §5–7 (the study's definitions).
 """
 
 from collections.abc import Hashable, Mapping, Sequence

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The accelerator runs of the sampler and ES-core goals (issues 2 and 3), as one prepared script
+# The accelerator runs of the sampler and ES-core throughput goals, as one prepared script
 # for a machine lent for a few minutes:
 #
 #   OUT=/path/to/logs bash experiments/benchmarks/device_checks.sh
@@ -42,9 +42,9 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   THROUGHPUT=(--model tiny-llama --population 4 --members_per_chunk 2 --repeats 1)
   SEQUENTIAL=(--model tiny --population 4 --repeats 1)
 else
-  # Issue 2: batch 1 and 16, 64 greedy tokens, transformers on the same accelerator.
+  # Sampler: batch 1 and 16, 64 greedy tokens, transformers on the same accelerator.
   SAMPLER=(--models smollm2-random,tiny --batch_sizes 1,16)
-  # Issue 3: N=16 members x 4 prompts x 16 tokens, 8 members per chunk.
+  # ES throughput: N=16 members x 4 prompts x 16 tokens, 8 members per chunk.
   THROUGHPUT=(--model smollm2-135m --population 16 --members_per_chunk 8 --repeats 3)
   SEQUENTIAL=(--model smollm2-random --population 16 --members_per_chunk 8 --repeats 2)
 fi

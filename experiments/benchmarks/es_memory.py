@@ -4,7 +4,7 @@
         [--prompts 4] [--prompt_len 32] [--max_new_tokens 16] [--members_per_chunk 4]
         [--sigma 0.001] [--prng threefry2x32|rbg|unsafe_rbg] [--no-xla]
 
-The goal (the issue): the step's peak memory at N = 32 within 10% of N = 8 with the same
+The goal: the step's peak memory at N = 32 within 10% of N = 8 with the same
 members_per_chunk M, model and prompts. Full-rank evaluation holds ``M`` perturbed copies of θ per
 chunk and the update regenerates the noise member by member, so nothing should grow with ``N``
 except the ``[N, P, T]`` completions.
