@@ -8,9 +8,10 @@ Evaluates the base model, runs each method of `config.demo.runs` with the budget
 (greedy, Pass@1..Pass@n on held-out problems) and writes into the workdir:
 
   base/, es/, grpo/, grpo_es/, es_grpo/   each a full run directory (checkpoints, metrics, eval, hf)
-  report.md                               the table below, the settings and the plots
-  pass_at_k.png, entropy.png, reward.png  Pass@k vs k per method; rollout entropy and training
-                                          reward over steps
+  report.md                               experiments.report over these runs: the table
+                                          (± standard errors), the settings and the plots
+  pareto.png, pass_at_k.png               Pass@1 vs Pass@n, Pass@k vs k per method
+  entropy.png, reward.png                 rollout entropy and training reward over steps
 
 Rerunning resumes: finished runs are skipped, an interrupted one continues from its checkpoint.
 """
@@ -19,13 +20,11 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from typing import Any
 
 import ml_collections
 
-from experiments import es, grpo, plots, sequential, train_lib
-from experiments.logger import read_metrics
+from experiments import es, grpo, report, sequential, train_lib
 
 RUNS = {  # name -> (method, runner, sequential order)
   "es": ("es", es.run, None),
@@ -57,23 +56,17 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
     train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
-  seconds: dict[str, float] = {}
   base_dir = os.path.join(workdir, "base")
-  t0 = time.perf_counter()
   if _table(base_dir) is None:
     train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
-  seconds["base"] = time.perf_counter() - t0
   for name in names:
     method, runner, order = RUNS[name]
     sub_dir = os.path.join(workdir, name)
-    t0 = time.perf_counter()
     if not os.path.exists(os.path.join(sub_dir, "DONE")):
       result = runner(_sub_config(config, method, order), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    seconds[name] = time.perf_counter() - t0
-  report = write_report(config, workdir, ["base", *names], seconds)
-  return {"stopped": False, "report": report}
+  return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 
 
 def _model_name(model) -> str:
@@ -82,72 +75,18 @@ def _model_name(model) -> str:
   return f"`{model.source}` {model.path or model.preset}"
 
 
-def _steps_of(config, name: str) -> str:
-  if name == "base":
-    return "-"
-  if name in ("es", "grpo"):
-    return str(config[name].num_steps)
-  first, second = sequential.split_budget(config.sequential.total_steps,
-                                          config.sequential.first_fraction)
-  return f"{first}+{second}"
-
-
-def write_report(config, workdir: str, names: list[str], seconds: dict[str, float]) -> str:
-  """report.md with the evaluation table, plots and settings; returns its path."""
-  rows, curves, entropy, reward = [], {}, {}, {}
-  ks = None
-  for name in names:
-    macro = _table(os.path.join(workdir, name))
-    if macro is None:
-      continue
-    curve = macro.get("pass_at_k_curve")
-    if curve:
-      curves[LABELS[name]] = (curve["k"], curve["value"])
-    ks = ks or [k for k in config.eval.ks if f"pass@{k}" in macro]
-    rows.append((name, macro))
-    metrics_path = os.path.join(workdir, name, "metrics.jsonl")
-    if os.path.exists(metrics_path):
-      lines = read_metrics(metrics_path)
-      for key, dest in (("entropy/mean", entropy), ("fitness/mean", reward),
-                        ("reward/mean", reward)):
-        series = train_lib.metric_series(lines, key)
-        if series:
-          dest[f"{LABELS[name]} ({key.split('/')[0]})" if name in ("grpo_es", "es_grpo")
-               else LABELS[name]] = series
-  figures = {}
-  if curves:
-    figures["pass_at_k"] = plots.plot_pass_at_k(curves, os.path.join(workdir, "pass_at_k.png"),
-                                                title="Pass@k on held-out problems")
-  if entropy:
-    figures["entropy"] = plots.plot_metric_over_steps(
-      entropy, os.path.join(workdir, "entropy.png"), ylabel="rollout token entropy (nats)",
-      title="token entropy of training rollouts")
-  if reward:
-    figures["reward"] = plots.plot_metric_over_steps(
-      reward, os.path.join(workdir, "reward.png"), ylabel="mean training reward",
-      title="training reward (ES: population mean fitness; GRPO: group mean)")
-  ks = ks or [1]
-  head = ["run", "steps", "greedy", *[f"Pass@{k}" for k in ks], "mean length", "entropy",
-          "minutes"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-  for name, m in rows:
-    cells = [LABELS[name], _steps_of(config, name), f"{m.get('greedy', float('nan')):.3f}"]
-    cells += [f"{m.get(f'pass@{k}', float('nan')):.3f}" for k in ks]
-    nan = float("nan")
-    cells += [f"{m.get('mean_length', nan):.1f}", f"{m.get('mean_entropy', nan):.3f}",
-              f"{seconds.get(name, nan) / 60:.1f}"]
-    lines.append("| " + " | ".join(cells) + " |")
+def write_report(config, workdir: str, names: list[str]) -> str:
+  """report.md and its plots in `workdir` (experiments.report, from the runs' files); its path."""
   ev = config.eval
-  text = [
-    "# es_jax demo report",
-    "",
+  first, second = sequential.split_budget(
+    config.sequential.total_steps, config.sequential.first_fraction
+  )
+  intro = [
     f"Model: {_model_name(config.model)}. Training task "
     f"`{config.data.task}` ({config.data.prompts_per_step} prompts per step); held-out "
     f"evaluation on {ev.limit} problems of `{ev.task}` split `{ev.split}`: one greedy answer "
     f"and n = {ev.num_samples} samples at temperature {ev.temperature} per problem, "
     f"{ev.max_new_tokens} new tokens at most.",
-    "",
-    *lines,
     "",
     f"ES: N = {config.es.population_size}, "
     f"{f'low rank r = {config.es.rank}' if config.es.rank else 'full rank'}, "
@@ -155,19 +94,17 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
     f"({config.es.optimizer}), {config.es.shaping} shaping, fitness at temperature "
     f"{config.es.temperature}. GRPO: G = {config.grpo.num_generations}, lr = "
     f"{config.grpo.learning_rate}, β = {config.grpo.beta}, temperature {config.grpo.temperature}. "
-    f"Sequential: {config.sequential.total_steps} steps split "
-    f"{config.sequential.first_fraction:.0%} / {1 - config.sequential.first_fraction:.0%}.",
+    f"Sequential: {config.sequential.total_steps} steps split {first} + {second}.",
     "",
-    "Minutes include model loading, compilation and evaluation. These are small-budget runs on "
-    "a small model: differences of a few problems are within noise (Pass@k standard error on "
-    f"{ev.limit} problems is up to {0.5 / ev.limit ** 0.5:.2f}).",
+    "These are small-budget runs on a small model: differences of a few problems are within "
+    "noise (see the standard errors).",
     "",
   ]
-  for name, path in figures.items():
-    text += [f"![{name}]({os.path.basename(path)})", ""]
-  path = os.path.join(workdir, "report.md")
-  os.makedirs(workdir, exist_ok=True)
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(text))
-  os.replace(path + ".tmp", path)
-  return path
+  result = report.build(
+    [os.path.join(workdir, n) for n in names],
+    workdir,
+    names=[LABELS[n] for n in names],
+    title="es_jax demo report",
+    intro=intro,
+  )
+  return result["report"]

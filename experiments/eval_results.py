@@ -21,6 +21,7 @@ from experiments import plots
 
 log = logging.getLogger(__name__)
 TABLE_MD, TABLE_JSON, PASS_AT_K_PNG = "table.md", "table.json", "pass_at_k.png"
+TIMING_JSONL = "timing.jsonl"
 
 
 def read_records(path: str, *, repair: bool = False) -> list[dict]:
@@ -143,6 +144,22 @@ def append_record(path: str, record: Mapping[str, Any]) -> None:
     f.write(line.encode("utf-8"))
     f.flush()
     os.fsync(f.fileno())
+
+
+def append_timing(out_dir: str, label: str, *, seconds: float, problems: int) -> None:
+  """Appends one evaluation segment's time to `out_dir/timing.jsonl` (a resume adds a line)."""
+  append_record(
+    os.path.join(out_dir, TIMING_JSONL),
+    {"label": label, "seconds": float(seconds), "problems": int(problems)},
+  )
+
+
+def read_timing(out_dir: str) -> dict[str, float]:
+  """Seconds per task label summed over the segments of `out_dir/timing.jsonl` ({} if none)."""
+  out: dict[str, float] = {}
+  for r in read_records(os.path.join(out_dir, TIMING_JSONL)):
+    out[str(r.get("label"))] = out.get(str(r.get("label")), 0.0) + float(r.get("seconds", 0.0))
+  return out
 
 
 def write_json(path: str, obj: Any) -> None:

@@ -11,6 +11,8 @@ ConfigDict names (fields: `default_config()`) and writes into `workdir/eval/`:
                        normalised answers (Maj@k), greedy_correct, mean length and token entropy
   <label>.meta.json    the sampling settings; resuming with different settings is refused
   table.md, table.json greedy / Pass@1 / Pass@k / Maj@k / length / entropy per task + macro average
+  timing.jsonl         one line per evaluation segment that sampled something: label, seconds,
+                       problems (a resumed evaluation adds a line; the sum is the total time)
   pass_at_k.png        Pass@k against k = 1..n per task (and the macro average)
 
 Batching and determinism (details: `experiments.eval_sampler`): problems go in blocks of
@@ -225,7 +227,7 @@ def evaluate_model(
     correct_fn=correct_fn or functools.partial(rewards.is_correct, task=task),
     answer_fn=answer_fn or functools.partial(rewards.answer_key, task=task),
   )
-  t0 = time.perf_counter()
+  t0, done = time.perf_counter(), len(records)
   task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
   bar = tqdm.tqdm(
     total=len(examples), initial=len(records), desc=label, unit="problem", disable=not progress
@@ -246,6 +248,8 @@ def evaluate_model(
       bar.update(1)
   bar.close()
   seconds = time.perf_counter() - t0
+  if jsonl is not None and scorer.calls:
+    eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
   ordered = [records[i] for i in sorted(records)]
   summary = summarize(ordered, ks=ks)
   if out_dir is not None and report:

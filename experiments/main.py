@@ -4,7 +4,7 @@
         [--config.key=value ...]
 
 `config.method` picks the runner: es, grpo, sequential, evaluate, demo, sparsity,
-population_sweep or diversity (each module exposes `run(config, workdir)`). The config
+population_sweep, diversity or report (each module exposes `run(config, workdir)`). The config
 is locked: an unknown key or a value of the wrong type is refused naming it. Rerunning the same
 command resumes from the newest checkpoint in DIR. On a multi-host TPU slice run the same command
 on every worker (jax.distributed joins them).
@@ -30,6 +30,7 @@ RUNNERS = {  # method -> module:function(config, workdir)
   "sparsity": "experiments.sparsity:run",
   "population_sweep": "experiments.population_sweep:run",
   "diversity": "experiments.diversity:run",
+  "report": "experiments.report:run",
 }
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (local or gs://)")

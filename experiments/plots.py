@@ -138,3 +138,71 @@ def moving_average(values: Sequence[float], window: int) -> np.ndarray:
   counts[window:] = counts[window:] - counts[:-window]
   with np.errstate(invalid="ignore", divide="ignore"):
     return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
+def plot_pareto(
+  points: Mapping[str, tuple[float, float, float, float]],
+  path: str | os.PathLike,
+  *,
+  xlabel: str,
+  ylabel: str,
+  title: str | None = None,
+  percent: bool = True,
+) -> str:
+  """One point per method with standard-error bars; the non-dominated points joined by a line.
+
+  Args:
+    points: label → (x, y, x standard error, y standard error), values in [0, 1]; a NaN standard
+      error draws no bar.
+    path: the PNG to write.
+    xlabel: the x metric's name (e.g. "Pass@1").
+    ylabel: the y metric's name (e.g. "Pass@32").
+    title: figure title.
+    percent: label the axes in percent (values are still given as fractions).
+
+  Returns:
+    The path written.
+  """
+  if not points:
+    raise ValueError("plot_pareto: got no points; pass {label: (x, y, x_se, y_se)}.")
+  for label, p in points.items():
+    if len(p) != 4 or not all(math.isfinite(float(v)) for v in p[:2]):
+      raise ValueError(f"plot_pareto: point {label!r} must be (x, y, x_se, y_se), x, y finite.")
+  scale = 100.0 if percent else 1.0
+  fig = Figure(figsize=(6.0, 4.5))
+  ax = fig.add_subplot()
+  for label, (x, y, xe, ye) in points.items():
+    bars = {
+      "xerr": None if not math.isfinite(float(xe)) else float(xe) * scale,
+      "yerr": None if not math.isfinite(float(ye)) else float(ye) * scale,
+    }
+    ax.errorbar(float(x) * scale, float(y) * scale, fmt="o", capsize=3, label=label, **bars)
+  front = pareto_front({k: (float(p[0]), float(p[1])) for k, p in points.items()})
+  if len(front) > 1:
+    xy = sorted((points[k][0] * scale, points[k][1] * scale) for k in front)
+    ax.plot(*zip(*xy, strict=True), "--", color="gray", alpha=0.6, label="Pareto front")
+  for values, set_lim in (
+    ([p[0] for p in points.values()], ax.set_xlim),
+    ([p[1] for p in points.values()], ax.set_ylim),
+  ):
+    if max(values) - min(values) < 1e-9:  # one value: a 10-point window, not matplotlib's ±5e-2
+      centre = float(values[0]) * scale
+      set_lim(max(centre - 0.05 * scale, -0.01 * scale), min(centre + 0.05 * scale, 1.01 * scale))
+  ax.set_xlabel(f"{xlabel} (%)" if percent else xlabel)
+  ax.set_ylabel(f"{ylabel} (%)" if percent else ylabel)
+  ax.grid(True, alpha=0.3)
+  ax.legend(loc="best", fontsize="small")
+  if title:
+    ax.set_title(title)
+  return _save(fig, path)
+
+
+def pareto_front(points: Mapping[str, tuple[float, float]]) -> list[str]:
+  """Labels of the points no other point beats on both coordinates (larger is better)."""
+  return [
+    a
+    for a, (xa, ya) in points.items()
+    if not any(
+      xb >= xa and yb >= ya and (xb > xa or yb > ya) for b, (xb, yb) in points.items() if b != a
+    )
+  ]

@@ -156,6 +156,12 @@ def test_torn_last_line_is_ignored_and_redone(tiny, full_run, tmp_path):
   assert [r["index"] for r in redone] == list(range(6, 10))
   assert results["records"] == full_run[0]["records"]
   assert open(tmp_path / "toy.jsonl").read() == "".join(lines)
+  # The resumed segment's time is appended (the copied files hold no timing of their own).
+  timing = eval_results.read_records(str(tmp_path / eval_results.TIMING_JSONL))
+  assert [(t["label"], t["problems"]) for t in timing] == [("toy", 4)]
+  assert eval_results.read_timing(str(tmp_path)) == {"toy": timing[0]["seconds"]} and (
+    timing[0]["seconds"] > 0
+  )
 
 
 def test_bad_middle_line_and_changed_settings_are_refused(tiny, full_run, tmp_path):
@@ -174,8 +180,10 @@ def test_lazy_loader_is_not_called_when_everything_is_done(full_run):
   def loader():
     raise AssertionError("the model should not be loaded")
 
+  before = eval_results.read_timing(full_run[1])
   results = run_toy(loader, tiny_tokenizer(), toy_examples(), full_run[1], report=False)
   assert results["records"] == full_run[0]["records"]
+  assert eval_results.read_timing(full_run[1]) == before  # nothing sampled: no timing line
 
 
 def test_run_from_config_on_reasoning_gym(tiny, tmp_path):

@@ -104,11 +104,26 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     stages = {r["stage"] for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0}
     assert stages == {f"1_{m1}", f"2_{m2}"}
   report = open(tmp_path / "report.md").read()
-  for label in ("| base |", "| ES |", "| GRPO |", "| GRPO→ES |", "| ES→GRPO |"):
-    assert label in report
-  for png in ("pass_at_k.png", "entropy.png", "reward.png"):
+  head = next(ln for ln in report.splitlines() if ln.startswith("| method |"))
+  head = [c.strip() for c in head.strip("|").split("|")]
+  for name, label, steps in (
+    ("base", "base", "n/a"),
+    ("es", "ES", "3"),
+    ("grpo", "GRPO", "3"),
+    ("grpo_es", "GRPO→ES", "2+2"),
+    ("es_grpo", "ES→GRPO", "2+2"),
+  ):
+    line = next(ln for ln in report.splitlines() if ln.startswith(f"| {label} |"))
+    row = dict(zip(head, [c.strip() for c in line.strip("|").split("|")], strict=True))
+    macro = json.load(open(tmp_path / name / "eval" / "table.json"))["macro"]
+    assert row["steps"] == steps
+    for col, key in (("Pass@1", "pass@1"), ("Pass@2", "pass@2"), ("greedy", "greedy")):
+      assert row[col].startswith(f"{macro[key]:.3f}"), (label, col, row[col])
+    assert row["eval min"] != "n/a" and float(row["eval min"]) >= 0.0
+    if name != "base":
+      assert float(row["train min"]) > 0.0 and float(row["drift"]) > 0.0
+  for png in ("pareto.png", "pass_at_k.png", "entropy.png", "reward.png"):
     assert os.path.getsize(tmp_path / png) > 1000
-
 
 
 def test_es_reference_precision_trains_bf16_weights(tmp_path):
@@ -123,6 +138,7 @@ def test_es_reference_precision_trains_bf16_weights(tmp_path):
   _assert_trained(str(tmp_path), saved, dtype="bfloat16")  # moved from the bf16 base weights
   with pytest.raises(ValueError, match="es.optimizer"):
     es.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
+
 
 @pytest.mark.parametrize(
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]

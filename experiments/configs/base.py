@@ -3,7 +3,7 @@
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
   method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep |
-               diversity.
+               diversity | report.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.train_lib.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -14,6 +14,7 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
   diversity    the population diversity study (experiments/diversity.py, docs/method.md §6).
+  report       a report across finished runs (experiments/report.py).
 
 Sample files for offline smoke runs live in experiments/configs/sample_data/.
 """
@@ -34,6 +35,7 @@ METHODS = (
   "sparsity",
   "population_sweep",
   "diversity",
+  "report",
 )
 
 
@@ -167,6 +169,10 @@ def base_config() -> ml_collections.ConfigDict:
     kinds="es,group,control",
     checkpoints=False,
   )
+  # method="report": a report across runs, read from their files (experiments/report.py).
+  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs); names: one
+  # label per run ("" = from each run's config); out: "" = WORKDIR/report.
+  c.report = dict(workdirs="", names="", out="")
   return c
 
 
@@ -181,11 +187,20 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
     c.data.source_dir = sample_dir(data)
   if eval_data:
     c.eval.source_dir = sample_dir(eval_data)
-  c.eval.update(limit=4, num_samples=2, ks=(1, 2), max_new_tokens=8, batch_size=6, every=2,
-                periodic_limit=2, periodic_num_samples=2)
+  c.eval.update(
+    limit=4,
+    num_samples=2,
+    ks=(1, 2),
+    max_new_tokens=8,
+    batch_size=6,
+    every=2,
+    periodic_limit=2,
+    periodic_num_samples=2,
+  )
   c.es.update(num_steps=3, population_size=4, members_per_chunk=2, max_new_tokens=8)
-  c.grpo.update(num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0,
-                micro_batch_size=2)
+  c.grpo.update(
+    num_steps=3, num_generations=2, max_new_tokens=8, mini_batch_size=0, micro_batch_size=2
+  )
   c.sequential.update(total_steps=4)
   c.checkpoint.update(every=1, keep=2)
   c.diversity.update(
