@@ -305,10 +305,13 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
       cells.append(_fmt(t.get("greedy"), t.get("greedy_se")))
       for kind in ("pass", "maj"):
         cells += [_fmt(t.get(f"{kind}@{k}"), t.get(f"{kind}@{k}_se")) for k in ks]
+      absent = [k for k in ks if f"pass@{k}" not in t]
+      if absent:
+        notes.append(f"{run.name}: {label} Pass@k, Maj@k for k = {absent}: not in its eval.ks.")
       cells.append(_fmt(t.get("mean_entropy"), t.get("mean_entropy_se")))
     drift = last_value(run, "drift")
     if drift is None:
-      notes.append(f"{run.name}: drift: not in metrics.jsonl.")
+      notes.append(f"{run.name}: drift: {'not in' if run.rows else 'no'} metrics.jsonl.")
     cells.append(_fmt(drift, digits=4) if drift is not None else NA)
     if run.diversity is not None:
       d = run.diversity
@@ -396,7 +399,9 @@ def build(
     if seen[run.name] > 1 and not names:
       run.name = f"{run.name} ({os.path.basename(os.path.normpath(run.path))})"
   if len({r.name for r in runs}) != len(runs):
-    raise ValueError(f"config.report.names: {names} repeats a name; names must be unique.")
+    raise ValueError(
+      f"config.report.names: {[r.name for r in runs]} repeats a name; give unique names."
+    )
   os.makedirs(out, exist_ok=True)
   figures: dict[str, str] = {}
   labels = _labels(runs)
@@ -421,7 +426,8 @@ def build(
       figures[f"pass_at_k{suffix}"] = plots.plot_pass_at_k(
         curves, os.path.join(out, f"pass_at_k{suffix}.png"), title=f"Pass@k, {label}"
       )
-    big = min(max(_ks([r], label)) for r in evaluated) if evaluated else 1
+    common = set.intersection(*(set(_ks([r], label)) for r in evaluated)) if evaluated else {1}
+    big = max(common)  # the largest k every run evaluated (1 always is)
     points = {
       r.name: (
         r.tasks[label]["pass@1"],

@@ -264,3 +264,14 @@ def test_pareto_front_and_plot(tmp_path):
   assert os.path.getsize(path) > 1000
   with pytest.raises(ValueError, match="point 'x'"):
     plots.plot_pareto({"x": (math.nan, 0.1, 0.0, 0.0)}, tmp_path / "q.png", xlabel="a", ylabel="b")
+
+
+def test_runs_with_different_ks(runs, tmp_path):
+  summaries = _write_eval(str(runs / "base" / "eval"), TASK, PROBLEMS, ks=(1, 2))
+  eval_results.write_report(summaries, str(runs / "base" / "eval"))
+  result = report.build(f"{runs / 'base'},{runs / 'es'}", str(tmp_path / "out"))
+  text = open(result["report"]).read()
+  row = dict(zip(_header(text), _row(text, "base"), strict=True))
+  assert row["Pass@4"] == "n/a" and row["Pass@2"] != "n/a"
+  assert "base: gsm8k Pass@k, Maj@k for k = [4]: not in its eval.ks." in result["notes"]
+  assert "Pareto front (Pass@1, Pass@2): ES." in text  # the largest k both evaluated
