@@ -28,8 +28,10 @@ def get_config(variant: str | None = None):
   c.model.update(source="hf", path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
   c.data.update(task="deepscaler", split="train", limit=40315, prompts_per_step=64)
   c.eval.update(task="math500", split="test", limit=500, num_samples=32, temperature=0.6,
-                max_new_tokens=8192, batch_size=264, ks=(1, 16, 32), every=50,
+                max_new_tokens=8192, batch_size=64, ks=(1, 16, 32), every=50,
                 periodic_limit=64, periodic_num_samples=4)
+  # eval.batch_size=64: 64 rows x (256 + 8192) tokens compile to 32.4 GiB per v5p chip; 264 rows
+  # needed 123 GiB (docs/tpu_plan.md).
   # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
   c.es.update(num_steps=200, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
               temperature=0.6, max_new_tokens=8192, members_per_chunk=1)
