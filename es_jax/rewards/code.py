@@ -1,89 +1,189 @@
-"""MBPP code reward: run the generated program against the task's asserts in a sandboxed process.
+"""MBPP code reward: run the generated program against the task's asserts in a sandbox.
 
-Never runs model code in this process. Each program gets a fresh `python -I -S` interpreter
-(isolated mode, standard library only) in its own process group, in a temporary working directory
-that is deleted afterwards, with an empty environment except PATH/LANG/HOME/TMPDIR, and with:
-  * a wall-clock deadline (`timeout_s`): on expiry the whole process group is SIGKILLed;
-  * RLIMIT_CPU (CPU seconds), RLIMIT_AS (`memory_bytes`), RLIMIT_FSIZE (`max_file_bytes`, which
-    also caps captured output, written to a file), RLIMIT_NOFILE, RLIMIT_CORE = 0, and
-    RLIMIT_NPROC = 0 (no fork or thread creation for a non-root user; Linux ignores NPROC for
-    root, so the preamble also removes os.fork/exec/spawn/system/kill and blocks subprocess);
-  * no network as far as an unprivileged preamble can manage: `socket`, `_socket`, `ssl`,
-    `select`, `ctypes`, `subprocess`, `multiprocessing`, `pty` and `posix` are made unimportable
-    before user code runs (so are http/urllib clients, which need `socket`).
-Limits are set by the trusted preamble in the child (not `preexec_fn`, which is unsafe in a
-threaded parent such as a JAX process). Pass/fail is read from a per-run random token that the
-preamble prints after the last assert, so `sys.exit(0)` or `os._exit(0)` in the program fails.
+Never runs model code in this process. The sandbox model (details in `_sandbox_judge.py`):
 
-This is a resource sandbox, not a security boundary: the program runs as the calling user, and a
-deliberately hostile program can undo the preamble (e.g. load an extension module by path) or
-find the token by frame introspection. Use a container or VM for untrusted code at scale.
+  * Isolation (Linux, `unshare` from util-linux): each call starts a judge process as PID 1 of
+    fresh network, PID, mount and IPC namespaces (plus a user namespace when not root). The
+    program runs in a child of the judge, chrooted into a read-only view of /usr and the Python
+    prefix with a private tmpfs /tmp (`max_tmp_bytes`, `max_files`), as uid/gid 65534 with no
+    capabilities and no_new_privs. So: no network (the new namespace has only a down loopback),
+    no other process to see or signal, no host file to read or write, and at the deadline every
+    descendant dies with the PID namespace, `setsid` or not. Nothing is left on the host disk.
+  * Resource limits, as before: wall clock `timeout_s`, RLIMIT_CPU, RLIMIT_AS (`memory_bytes`),
+    RLIMIT_FSIZE (`max_file_bytes`), RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0.
+  * Verdict: the judge runs the tests itself and calls into the program only through proxies
+    whose answers are plain data, so the program can neither see the expected values nor report
+    a pass (no token to steal, `assert False` cannot pass, an always-equal object does not
+    compare equal). Tests see the program's functions, classes and data globals; arguments
+    travel by value (an in-place mutation of an argument is not seen by the tests).
+  * Where namespaces cannot be created (not Linux, no `unshare`, not root and no unprivileged
+    user namespaces), `run_sandboxed` raises SandboxUnavailableError instead of running the
+    program, unless the caller opts in with `allow_unsandboxed=True` or the environment variable
+    ES_JAX_ALLOW_UNSANDBOXED_CODE=1: then it runs as the calling user with the limits only.
 
 `run_sandboxed` is thread-safe; run several with a thread pool to use more cores.
 """
 
 import math
 import os
-import secrets
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import warnings
 from typing import NamedTuple
 
+from es_jax.rewards import _sandbox_judge as _wire
 from es_jax.rewards import verifier
 
-_HARNESS = r"""
-import os, resource, sys
-_token = sys.stdin.readline().strip().encode()
-sys.stdin = open(os.devnull)
-_cpu, _mem, _fsize = (int(v) for v in sys.argv[1:4])
-_limits = ((resource.RLIMIT_CPU, (_cpu, _cpu + 1)), (resource.RLIMIT_AS, (_mem, _mem)),
-           (resource.RLIMIT_FSIZE, (_fsize, _fsize)), (resource.RLIMIT_NOFILE, (64, 64)),
-           (resource.RLIMIT_CORE, (0, 0)), (resource.RLIMIT_NPROC, (0, 0)))
-for _limit, _value in _limits:
-  try:
-    resource.setrlimit(_limit, _value)
-  except (ValueError, OSError):
-    pass
-_sources = []
-for _name in ("setup.py", "solution.py", "tests.py"):
-  with open(_name) as _f:
-    _sources.append((_name, _f.read()))
-for _name in ("socket", "_socket", "ssl", "_ssl", "select", "selectors", "ctypes", "_ctypes",
-              "subprocess", "_posixsubprocess", "multiprocessing", "_multiprocessing", "pty",
-              "posix"):
-  sys.modules[_name] = None
-for _name in ("fork", "forkpty", "system", "popen", "kill", "killpg", "execv", "execve", "execl",
-              "execle", "execlp", "execlpe", "execvp", "execvpe", "spawnl", "spawnle", "spawnlp",
-              "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe", "posix_spawn",
-              "posix_spawnp", "setsid", "setpgid"):
-  if hasattr(os, _name):
-    delattr(os, _name)
-_write, _exit = os.write, os._exit
-_namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-try:
-  for _name, _source in _sources:
-    exec(compile(_source, _name, "exec"), _namespace)
-except BaseException as _e:
-  _write(2, ("%s: %s\n" % (type(_e).__name__, str(_e)[:500])).encode("utf-8", "replace"))
-  sys.stderr.flush()
-  _exit(1)
-sys.stdout.flush()
-_write(1, b"\n" + _token + b"\n")
-_exit(0)
-"""
-
+_JUDGE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_judge.py")
 _ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
+_OPT_IN = "ES_JAX_ALLOW_UNSANDBOXED_CODE"
+_STARTUP_GRACE_S = 5.0  # the caller's backstop beyond `timeout_s` (the judge enforces timeout_s)
+MODES = ("root", "userns", "unsafe")
+
+
+class SandboxUnavailableError(RuntimeError):
+  """This machine cannot isolate generated programs, and unsandboxed runs were not allowed."""
 
 
 class SandboxResult(NamedTuple):
   passed: bool
   status: str  # "passed" | "failed" | "timeout"
-  returncode: int | None  # negative: killed by that signal (e.g. -24 SIGXCPU, -9 SIGKILL)
-  output: str  # the program's stdout and stderr, at most `max_output_chars`, token removed
+  returncode: int | None  # of the program; negative: killed by that signal (-24 SIGXCPU)
+  output: str  # the program's stdout and stderr, then why it failed, at most max_output_chars
   elapsed_s: float
+
+
+def _binds() -> list[str]:
+  """Host directories the program needs: the interpreter's prefix (and /usr, always bound)."""
+  python = os.path.realpath(sys.executable)
+  prefixes = {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}
+  return sorted(p for p in prefixes if p != "/" and not p.startswith("/usr/"))
+
+
+def _launcher(mode: str, config: dict) -> list[str]:
+  judge = [sys.executable, "-I", "-S", _JUDGE_PATH, _wire.dumps(config, _wire._no_handle)]
+  if mode == "unsafe":
+    return judge
+  unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin") or "unshare"
+  user = ["--user", "--map-root-user"] if mode == "userns" else []
+  return [
+    unshare,
+    "--net",
+    "--pid",
+    "--mount",
+    "--ipc",
+    "--fork",
+    "--kill-child",
+    *user,
+    "--",
+    *judge,
+  ]
+
+
+def _run(mode: str, config: dict, request: dict, timeout_s: float) -> tuple[str, int | None, str]:
+  """(status, program returncode, output) of one judged run in `mode`."""
+  workdir = tempfile.mkdtemp(prefix="es_jax_sandbox_") if mode == "unsafe" else None
+  config = dict(config, mode=mode, workdir=workdir, timeout=float(timeout_s))
+  command = _launcher(mode, config)
+  try:
+    proc = subprocess.Popen(
+      command,
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      env=_ENV,
+      cwd="/",
+      close_fds=True,
+      start_new_session=True,  # unshare and the judge: one process group, killed as a whole
+    )
+  except OSError as e:
+    if workdir:
+      shutil.rmtree(workdir, ignore_errors=True)
+    return "failed", None, f"sandbox: cannot start {command[0]}: {e}"
+  try:
+    payload = _wire.dumps(request, _wire._no_handle).encode("utf-8", "surrogatepass")
+    out, err = proc.communicate(payload, timeout_s + _STARTUP_GRACE_S)
+  except subprocess.TimeoutExpired:
+    out, err = b"", b"sandbox: the judge missed its deadline"
+  finally:
+    try:  # unshare --kill-child takes the judge, and the PID namespace everything in it
+      os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+      pass
+    proc.wait()
+    if workdir:
+      shutil.rmtree(workdir, ignore_errors=True)
+  try:
+    verdict = _wire.loads(out.decode("utf-8", "surrogatepass"))
+    return verdict["status"], verdict["returncode"], verdict["output"]
+  except (ValueError, KeyError, TypeError, IndexError, UnicodeDecodeError):
+    status = "timeout" if err.startswith(b"sandbox: the judge missed") else "failed"
+    return status, None, "sandbox: no verdict: " + err.decode("utf-8", "replace")[-2000:]
+
+
+_PROBE: dict[str, object] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def isolation_mode() -> tuple[str | None, str]:
+  """("root" | "userns", "") when this machine isolates programs, else (None, why not).
+
+  Checked once per process by judging a trivial program in the isolated mode this user gets.
+  """
+  with _PROBE_LOCK:
+    if "mode" not in _PROBE:
+      mode, why = None, ""
+      if not sys.platform.startswith("linux"):
+        why = f"namespaces need Linux (this is {sys.platform})"
+      elif not shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin"):
+        why = "the `unshare` command (util-linux) is not installed"
+      else:
+        candidate = "root" if os.geteuid() == 0 else "userns"
+        config = _config(5, 256 << 20, 1 << 20, 16 << 20, 64, 2000)
+        probe = {"program": "def f():\n  return 1", "tests": "assert f() == 1", "setup": ""}
+        status, _, output = _run(candidate, config, probe, 10.0)
+        if status == "passed":
+          mode = candidate
+        else:
+          why = f"`unshare` could not build the sandbox as {candidate}: {output.strip()[-500:]}"
+      _PROBE["mode"], _PROBE["why"] = mode, why
+    return _PROBE["mode"], _PROBE["why"]
+
+
+def _config(timeout_s, memory_bytes, max_file_bytes, max_tmp_bytes, max_files, max_output_chars):
+  return {
+    "binds": _binds(),
+    "limits": [math.ceil(timeout_s), int(memory_bytes), int(max_file_bytes)],
+    "tmp_bytes": int(max_tmp_bytes),
+    "tmp_files": int(max_files),
+    "max_output": 4 * int(max_output_chars) + 1024,
+  }
+
+
+def _resolve_mode(allow_unsandboxed: bool | None) -> str:
+  mode, why = isolation_mode()
+  if mode is not None:
+    return mode
+  if allow_unsandboxed is None:
+    allow_unsandboxed = os.environ.get(_OPT_IN, "") not in ("", "0")
+  if not allow_unsandboxed:
+    raise SandboxUnavailableError(
+      f"code sandbox: cannot isolate generated programs on this machine ({why}). Running them "
+      "needs Linux with `unshare` and root or unprivileged user namespaces. To run them anyway, "
+      f"with resource limits only (no network, file or process isolation), set {_OPT_IN}=1 or "
+      "pass allow_unsandboxed=True."
+    )
+  warnings.warn(
+    f"code sandbox: running generated programs WITHOUT isolation ({why}).",
+    RuntimeWarning,
+    stacklevel=3,
+  )
+  return "unsafe"
 
 
 def run_sandboxed(
@@ -94,73 +194,47 @@ def run_sandboxed(
   timeout_s: float = 5.0,
   memory_bytes: int = 512 << 20,
   max_file_bytes: int = 1 << 20,
+  max_tmp_bytes: int = 16 << 20,
+  max_files: int = 64,
   max_output_chars: int = 2000,
+  allow_unsandboxed: bool | None = None,
 ) -> SandboxResult:
-  """Run `setup`, then `program`, then `tests` in one namespace in a sandboxed interpreter.
+  """Run `setup` then `program` in the sandbox, and judge `tests` against it.
 
   Args:
     program: Python source to test (untrusted).
-    tests: assert statements, e.g. MBPP's test_list joined by newlines.
-    setup: code run first (MBPP's test_setup_code / test_imports).
+    tests: Python statements (asserts) run by the judge, e.g. MBPP's test_list joined by
+      newlines; they use the program's names.
+    setup: code run first, in both the program and the judge (MBPP's test_setup_code /
+      test_imports).
     timeout_s: wall-clock limit; CPU time is limited to ceil(timeout_s) seconds too.
     memory_bytes: address-space limit (RLIMIT_AS).
-    max_file_bytes: largest file the program may write, output included (RLIMIT_FSIZE).
+    max_file_bytes: largest file the program may write (RLIMIT_FSIZE).
+    max_tmp_bytes: size of the program's writable /tmp.
+    max_files: files and directories the program may create in /tmp.
     max_output_chars: how much output to return.
+    allow_unsandboxed: run without isolation where it is unavailable (None: the environment
+      variable ES_JAX_ALLOW_UNSANDBOXED_CODE decides).
 
   Returns:
-    SandboxResult; `passed` only if every statement ran and the preamble printed its token.
+    SandboxResult; `passed` only if the judge ran every test statement without an error.
+
+  Raises:
+    SandboxUnavailableError: no isolation here and unsandboxed runs not allowed.
   """
   if timeout_s <= 0:
     raise ValueError(f"run_sandboxed: timeout_s={timeout_s} must be positive.")
-  token = secrets.token_hex(16)
+  mode = _resolve_mode(allow_unsandboxed)
+  config = _config(
+    timeout_s, memory_bytes, max_file_bytes, max_tmp_bytes, max_files, max_output_chars
+  )
+  request = {"program": str(program), "tests": str(tests), "setup": str(setup)}
   start = time.monotonic()
-  with tempfile.TemporaryDirectory(prefix="es_jax_sandbox_") as workdir:
-    for name, source in (("harness.py", _HARNESS), ("setup.py", setup)):
-      with open(os.path.join(workdir, name), "w", encoding="utf-8") as f:
-        f.write(source)
-    for name, source in (("solution.py", program), ("tests.py", tests)):
-      with open(os.path.join(workdir, name), "w", encoding="utf-8", errors="replace") as f:
-        f.write(source)
-    out_path = os.path.join(workdir, "output.txt")
-    limits = [str(math.ceil(timeout_s)), str(int(memory_bytes)), str(int(max_file_bytes))]
-    env = dict(_ENV, HOME=workdir, TMPDIR=workdir)
-    with open(out_path, "wb") as out:
-      proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", os.path.join(workdir, "harness.py"), *limits],
-        cwd=workdir,
-        stdin=subprocess.PIPE,
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-        close_fds=True,
-        start_new_session=True,
-      )
-    timed_out = False
-    try:
-      proc.stdin.write(token.encode() + b"\n")
-      proc.stdin.close()
-    except OSError:
-      pass  # it already exited
-    try:
-      proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-      timed_out = True
-      verifier.count_failure("timeouts")
-    finally:
-      try:  # also reaps anything the program left behind in its process group
-        os.killpg(proc.pid, signal.SIGKILL)
-      except (ProcessLookupError, PermissionError):
-        pass
-      proc.wait()
-    with open(out_path, "rb") as f:
-      raw = f.read(max_file_bytes + 1024)
+  status, returncode, output = _run(mode, config, request, float(timeout_s))
   elapsed = time.monotonic() - start
-  text = raw.decode("utf-8", "replace")
-  passed = not timed_out and proc.returncode == 0 and text.endswith("\n" + token + "\n")
-  if passed:
-    text = text[: -len(token) - 2]
-  status = "timeout" if timed_out else ("passed" if passed else "failed")
-  return SandboxResult(passed, status, proc.returncode, text[:max_output_chars], elapsed)
+  if status == "timeout":
+    verifier.count_failure("timeouts")
+  return SandboxResult(status == "passed", status, returncode, output[:max_output_chars], elapsed)
 
 
 def extract_code(completion: str) -> str:

@@ -9,8 +9,8 @@ scorer's value is returned unchanged (some tasks give partial credit, e.g. count
 
 Scoring runs in the verifier worker (`es_jax.rewards.verifier`), not in this process: several
 reasoning-gym scorers `eval` or `sympy.parse_expr` the answer, which a hostile or merely huge
-answer (`9**9**9`) turns into a hang or worse. Examples that went through TFDS may carry bytes
-and a JSON-encoded metadata string; both are decoded here.
+answer (`9**9**9`) turns into a hang; the worker makes both parse data only. Examples that went
+through TFDS may carry bytes and a JSON-encoded metadata string; both are decoded here.
 """
 
 import json

@@ -16,7 +16,10 @@ Guarantees and limits, stated plainly:
   * Calls from several threads are serialised by a lock (one worker per process).
   * This is isolation for time and memory, not a security boundary: the worker runs as the
     calling user. Model output is only ever passed as data to math-verify or to a reasoning-gym
-    scorer, never executed by this module. Code execution lives in `es_jax.rewards.code`.
+    scorer. The worker rebinds `eval` in the reasoning-gym scorers that eval answers to
+    `ast.literal_eval`, and sympy's `parse_expr` (hence `sympify` of strings) to a parser that
+    accepts only arithmetic tokens and evaluates with no builtins (`_verifier_worker.py`).
+    Code execution lives in `es_jax.rewards.code`.
 """
 
 import atexit
