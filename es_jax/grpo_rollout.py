@@ -148,13 +148,16 @@ def completion_logprobs(
   config: ModelConfig,
   completion_length: int,
   chunk_size: int | None = None,
+  remat: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
   """log π(tokens[:, s] | tokens[:, :s]) and the entropy before it, for the last T positions.
 
   Equals `es_jax.grpo.token_logprobs(...)[:, -T:]` on completion tokens; only the completion's
   [B, T, V] logits are turned into log-probabilities. Returns (logp, entropy), each [B, T] f32.
+  `remat` recomputes each layer in the backward pass (see `es_jax.models.transformer.forward`).
   """
-  logits, _ = forward(params, tokens, positions_from_mask(mask), config=config, mask=mask)
+  positions = positions_from_mask(mask)
+  logits, _ = forward(params, tokens, positions, config=config, mask=mask, remat=remat)
   logits = logits[:, -completion_length - 1 : -1]  # [B, T, V]: row j predicts token S − T + j
   return token_logprobs_from_logits(logits, tokens[:, -completion_length:], chunk_size=chunk_size)
 

@@ -103,6 +103,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
         eps_high=float(cfg.eps_high),
         beta=float(cfg.beta),
         aggregation=cfg.aggregation,
+        remat=bool(cfg.remat),
         mesh=ctx.mesh,
       )
     except ValueError as e:

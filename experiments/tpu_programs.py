@@ -423,6 +423,6 @@ class Setup:
     lowered = grpo_train._update_step.lower(
       state, batch, ref, scalar, scalar, scalar, config=cfg, optimizer=optimizer,
       mini_batch_size=mini, micro_batch_size=micro, aggregation=g.aggregation,
-      use_sampler_logp=False, chunk_size=None, mesh=mesh, data_axis="pop",
+      use_sampler_logp=False, chunk_size=None, remat=bool(g.remat), mesh=mesh, data_axis="pop",
       state_shardings=tuple(map(grpo_train._canonical, jax.tree.leaves(state))))  # fmt: skip
     return lowered, None, (rows // mini) * (mini // (micro * self.pop))

@@ -326,3 +326,25 @@ def test_bf16_model_trains_float32_masters():
   pairs = zip(jax.tree.leaves(new.params), jax.tree.leaves(p16), strict=True)
   changed = [np.mean(np.asarray(a) != np.asarray(b)) for a, b in pairs]
   assert 0 < np.mean(changed) < 0.5, changed  # lr 1e-5 steps are mostly below bf16's resolution
+
+
+def test_remat_gives_the_same_step_and_recomputes_layers(setup, exact_steps):
+  """Gradient checkpointing changes memory, not the update: same params as the saved-activation
+  step, and the backward pass really holds a rematerialised layer."""
+  params0, _, batch = setup
+  (single, m_single), _ = exact_steps
+  remat, m_remat = gt.update_step(gt.init_state(params0, SGD), batch, params0, remat=True, **EXACT)
+  for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(remat.params), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m_single["loss"], m_remat["loss"], rtol=1e-5, atol=1e-7)
+
+  def jaxpr(flag):
+    def f(p):
+      logp, _ = gt.completion_logprobs(
+        p, batch.tokens, batch.mask, config=CONFIG, completion_length=T, remat=flag
+      )
+      return logp.sum()
+
+    return str(jax.make_jaxpr(jax.grad(f))(params0))
+
+  assert "remat" in jaxpr(True) and "remat" not in jaxpr(False)

@@ -247,6 +247,7 @@ def forward(
   deltas: Params | None = None,
   delta_scale: jax.Array | float | None = None,
   last_only: bool = False,
+  remat: bool = False,
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder on a block of tokens.
 
@@ -266,6 +267,10 @@ def forward(
       matrices (layer matrices carry a leading L axis). See the module docstring.
     delta_scale: c in W + c a bᵀ.
     last_only: return logits of the last position only ([B, 1, V]), for prefill.
+    remat: recompute each scanned layer in the backward pass instead of saving its activations
+      (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
+      [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
+      training long completions needs this; it costs about one more forward pass.
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).
@@ -358,7 +363,10 @@ def forward(
     if cache is not None:
       new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=kv_mask)
   elif cache is None:
-    h, _ = jax.lax.scan(lambda h, xs: (layer(h, *xs, no_cache)[0], None), h, (layers, layer_deltas))
+    body = lambda h, xs: (layer(h, *xs, no_cache)[0], None)  # noqa: E731
+    if remat:
+      body = jax.checkpoint(body, prevent_cse=False)  # under scan CSE cannot undo the remat
+    h, _ = jax.lax.scan(body, h, (layers, layer_deltas))
   else:
     if isinstance(cache.k, tuple):
       raise ValueError("forward: stacked layers need a stacked cache (`init_cache`).")

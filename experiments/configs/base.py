@@ -126,6 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
     advantage_std="population",  # "population" | "unbiased" | "none" (Dr.GRPO)
     mini_batch_size=0,  # rows per optimizer step (0 = the whole rollout, one step)
     micro_batch_size=8,  # rows per device per accumulation step
+    # Recompute each layer in the backward pass (gradient checkpointing): same gradients, about
+    # one more forward pass; needed for long completions (the paper configs set it).
+    remat=False,
     max_new_tokens=64,
     temperature=1.0,
     top_p=1.0,

@@ -35,9 +35,12 @@ def get_config(variant: str | None = None):
   # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
   c.es.update(num_steps=200, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
               temperature=0.6, max_new_tokens=8192, members_per_chunk=1)
-  # members_per_chunk=1: on a 32-chip slice the 32 members are one per chip (2 would not divide).
+  # members_per_chunk=1: one member decodes at a time per chip (40 GiB per v5p chip at 8192 tokens).
   c.grpo.update(num_steps=200, num_generations=8, learning_rate=1e-6, beta=0.001,
-                temperature=1.0, max_new_tokens=8192, mini_batch_size=256, micro_batch_size=1)
+                temperature=1.0, max_new_tokens=8192, mini_batch_size=256, micro_batch_size=1,
+                remat=True)
+  # grpo.remat: the update of 8448-token rows compiles to 36.9 GiB per v5p chip with it, 192 GiB
+  # of saved attention scores without (docs/tpu_plan.md).
   c.sequential.update(total_steps=200, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=3)
   if variant == "smoke":

@@ -34,7 +34,8 @@ def get_config(variant: str | None = None):
   c.es.update(num_steps=234, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
               temperature=0.0, max_new_tokens=2048, members_per_chunk=1)
   c.grpo.update(num_steps=234, num_generations=8, learning_rate=1e-6, beta=0.001,
-                temperature=1.0, max_new_tokens=2048, mini_batch_size=256, micro_batch_size=2)
+                temperature=1.0, max_new_tokens=2048, mini_batch_size=256, micro_batch_size=2,
+                remat=True)
   c.sequential.update(total_steps=234, first_fraction=0.5)
   c.checkpoint.update(every=10, keep=3)
   if variant == "smoke":
