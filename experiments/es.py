@@ -155,6 +155,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
         eos_ids=ctx.eos_ids,
         pad_id=ctx.pad_id,
         sample_key=jax.random.fold_in(ctx.keys["sample"], g),
+        share_sample_key=bool(cfg.share_sample_key),
       )
     except ValueError as e:
       raise ValueError(f"config.es: {e}") from None

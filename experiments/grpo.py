@@ -42,8 +42,13 @@ def make_optimizer(cfg: ml_collections.ConfigDict):
     raise ValueError(f"config.grpo: {e}") from None
 
 
-def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
-  """Runs (or resumes) one GRPO stage from `params`; returns the final params."""
+def train(
+  ctx: train_lib.Context, params, stage: train_lib.Stage, ref_params=None
+) -> train_lib.StageResult:
+  """Runs (or resumes) one GRPO stage from `params`; returns the final params.
+
+  `ref_params` is the KL reference π_ref (default: the base model, ctx.base_params).
+  """
   cfg = ctx.config.grpo
   group = train_lib.positive_int(cfg.num_generations, "grpo.num_generations")
   train_lib.check(group >= 2, "grpo.num_generations", group, "GRPO compares a group: need >= 2")
@@ -64,7 +69,9 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     ctx.model_config.dtype,
     jax.tree.leaves(state.params)[0].dtype,
   )
-  ref_params = ctx.base_params if float(cfg.beta) > 0 else None
+  if ref_params is None:
+    ref_params = ctx.base_params
+  ref_params = ref_params if float(cfg.beta) > 0 else None
   loop = train_lib.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():

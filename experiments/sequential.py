@@ -9,6 +9,10 @@ own checkpoints (workdir/stage1_<method>/, workdir/stage2_<method>/); metrics go
 metrics.jsonl with global steps (stage two continues the count) and a `stage` column. The data
 stream continues across the boundary (experiments.train_lib). A resumed run whose first stage is
 finished restores that stage's final checkpoint and runs none of its steps again.
+
+GRPO's KL term (grpo.beta > 0) anchors to `sequential.kl_reference`: "base" (default: the
+original model, as in a GRPO-only run, so the penalty means the same in every method) or
+"stage1" (ES→GRPO only: the ES stage's output, so GRPO is pulled toward what ES found).
 """
 
 from __future__ import annotations
@@ -46,12 +50,21 @@ def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_lib.St
   ]
 
 
+KL_REFERENCES = ("base", "stage1")
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Both stages, then the final evaluation and export of the second stage's params."""
+  reference = config.sequential.kl_reference
+  train_lib.check(reference in KL_REFERENCES, "sequential.kl_reference", reference,
+                  f"use one of {KL_REFERENCES}")  # fmt: skip
   ctx = train_lib.make_context(config, workdir)
   params = ctx.base_params
-  for stage in stages(config, ctx.workdir):
-    result = TRAINERS[stage.name](ctx, params, stage)
+  for i, stage in enumerate(stages(config, ctx.workdir)):
+    extra = {}
+    if stage.name == "grpo" and i == 1 and reference == "stage1":
+      extra["ref_params"] = params  # ES→GRPO: the KL anchors to the ES stage's output
+    result = TRAINERS[stage.name](ctx, params, stage, **extra)
     if not result.finished:
       return train_lib.finish(ctx, result.params, stopped=True)
     params = result.params

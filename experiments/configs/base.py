@@ -108,6 +108,11 @@ def base_config() -> ml_collections.ConfigDict:
     max_new_tokens=64,
     temperature=0.0,  # 0 = greedy fitness (the paper's Easy setting)
     top_p=1.0,
+    # Sampled fitness (temperature > 0): every member draws its completions with the step's one
+    # sampling key, as the reference code seeds each iteration once (common random numbers:
+    # members then differ by their perturbation, not by sampling luck, which lowers the variance
+    # of fitness differences). False gives each member its own key fold_in(key, i).
+    share_sample_key=True,
   )
   c.grpo = dict(
     num_steps=10,
@@ -137,6 +142,9 @@ def base_config() -> ml_collections.ConfigDict:
     order="grpo_es",  # "grpo_es" | "es_grpo"
     total_steps=20,  # one budget of update steps shared by the two stages
     first_fraction=0.5,  # share of total_steps given to the first stage
+    # GRPO's KL reference in ES→GRPO: "base" (the original model, as in a GRPO-only run) or
+    # "stage1" (the ES stage's output). GRPO→ES has no KL in its second stage.
+    kl_reference="base",
   )
   c.checkpoint = dict(every=5, keep=3, async_save=True)
   c.export_hf = True  # write the final params as an HF directory (workdir/hf)
