@@ -110,7 +110,6 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert os.path.getsize(tmp_path / png) > 1000
 
 
-
 def test_es_reference_precision_trains_bf16_weights(tmp_path):
   # es.precision="reference": the reference code's bf16 arithmetic end to end; the weights stay
   # bf16 and move (residues and the member-by-member update).
@@ -123,6 +122,7 @@ def test_es_reference_precision_trains_bf16_weights(tmp_path):
   _assert_trained(str(tmp_path), saved, dtype="bfloat16")  # moved from the bf16 base weights
   with pytest.raises(ValueError, match="es.optimizer"):
     es.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
+
 
 @pytest.mark.parametrize(
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]
@@ -303,6 +303,37 @@ def _start_and_signal(workdir, sig, *overrides, after_step=1, timeout=300):
     time.sleep(0.05)
   proc.send_signal(sig)
   return proc
+
+
+def test_second_run_on_a_workdir_in_use_is_refused(tmp_path):
+  workdir = str(tmp_path)
+  first = subprocess.Popen(
+    _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
+    cwd=ROOT,
+    env=_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    lock = os.path.join(workdir, "run.lock")
+    deadline = time.monotonic() + 120
+    while not (os.path.exists(lock) and os.path.getsize(lock)):
+      assert first.poll() is None and time.monotonic() < deadline, "first run never locked"
+      time.sleep(0.05)
+    second = subprocess.run(
+      _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
+      cwd=ROOT,
+      env=_env(),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert second.returncode != 0
+    assert "WorkdirLockedError" in second.stderr and f"pid {first.pid} on host" in second.stderr
+    assert first.poll() is None  # the first run goes on
+  finally:
+    first.kill()
+    first.wait()
 
 
 @pytest.fixture(scope="module")
