@@ -48,7 +48,9 @@ def test_gsm8k_gold_after_marker_in_file_order(tmp_path):
   assert first["solution"] == "2+2=<<2+2=4>>4"
   assert all(isinstance(v, str) for v in first.values())
   # The prepared data is ordinary TFDS array_record data, readable by name without TensorFlow.
-  source = tfds.data_source("gsm8k", data_dir=str(tmp_path / "tfds"))["test"]
+  prepared = examples.source["prepared_dir"]
+  assert prepared.startswith(str(tmp_path / "tfds" / "by_source" / "gsm8k" / "src-"))
+  source = tfds.data_source("gsm8k", data_dir=prepared.split("/gsm8k/1.0.0")[0])["test"]
   assert len(source) == 3 and source[1]["answer"] == b"1234"
 
 
@@ -105,6 +107,58 @@ def test_changed_source_files_are_prepared_again(tmp_path):
   assert [e["answer"] for e in load(tmp_path, "gsm8k", "test")] == ["1234", "-3.5"]
   # Without source_dir, what is prepared is read as it is.
   assert len(data.load_task("gsm8k", "test", data_dir=str(tmp_path / "tfds"))) == 2
+
+
+def test_prepared_data_is_keyed_by_source_dir(tmp_path):
+  tfds_dir = str(tmp_path / "tfds")
+  write(tmp_path / "a/test.jsonl", jsonl(GSM8K_ROWS[:1]))
+  write(tmp_path / "b/test.jsonl", jsonl(GSM8K_ROWS[1:]))
+  a = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  assert [e["answer"] for e in a] == ["4"]
+  # Without source_dir, the one prepared copy is used.
+  assert [e["answer"] for e in data.load_task("gsm8k", "test", data_dir=tfds_dir)] == ["4"]
+  b = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "b"))
+  assert [e["answer"] for e in b] == ["1234", "-3.5"]
+  # Preparing b did not touch a's copy, and the examples say where they come from.
+  again = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  assert [e["answer"] for e in again] == ["4"]
+  assert again.source["source_dir"] == str(tmp_path / "a") and again.source["rows"] == 1
+  assert again.source["files"][0][0] == "test.jsonl" and len(again.source["files"][0][1]) == 64
+  assert a.source["prepared_dir"] != b.source["prepared_dir"]
+  with pytest.raises(ValueError, match=f"2 source directories.*{tmp_path / 'a'}.*source_dir="):
+    data.load_task("gsm8k", "test", data_dir=tfds_dir)
+  # No temporary directory is left behind.
+  base = tmp_path / "tfds" / "by_source" / "gsm8k"
+  assert sorted(p.name[:2] for p in base.iterdir()) == ["a-", "b-"]
+
+
+def test_limit_beyond_the_data_warns(tmp_path):
+  write(tmp_path / "src/test.jsonl", jsonl(GSM8K_ROWS))
+  with pytest.warns(data.DataSmallerThanLimitWarning, match="limit=10 but .* only 3"):
+    examples = load(tmp_path, "gsm8k", "test", limit=10)
+  assert len(examples) == 3 and examples.source["limit"] == 10 and examples.source["used"] == 3
+  assert len(load(tmp_path, "gsm8k", "test", limit=2)) == 2
+
+
+def test_concurrent_preparations_of_two_sources_do_not_mix(tmp_path):
+  import concurrent.futures
+
+  from es_jax.data import builders
+
+  rows = {d: [{"question": f"{d}{i}", "answer": f"#### {i}"} for i in range(20)] for d in "ab"}
+  for d, r in rows.items():
+    write(tmp_path / d / "test.jsonl", jsonl(r))
+  tfds_dir = str(tmp_path / "tfds")
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = {
+      d: pool.submit(builders.prepare, "gsm8k", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+      for d in "ab"
+    }
+    for f in futures.values():
+      f.result()
+  for d in "ab":
+    examples = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+    assert [e["prompt"] for e in examples] == [r["question"] for r in rows[d]]
 
 
 def test_unknown_or_missing_things_are_explained(tmp_path):

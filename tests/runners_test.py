@@ -83,6 +83,11 @@ def _assert_run_outputs(workdir, ckpt_dir):
     assert os.path.getsize(os.path.join(workdir, name)) > 1000
   assert os.path.exists(os.path.join(workdir, "hf", "config.json"))
   assert json.load(open(os.path.join(workdir, "config.json")))["method"]
+  # Where the examples came from: source directory, the files' SHA-256, rows used.
+  sources = json.load(open(os.path.join(workdir, "versions.json")))["data"]
+  assert sources["data"]["used"] > 0 and sources["eval"]["used"] > 0
+  for s in sources.values():
+    assert s.get("generator") == "reasoning_gym" or (s["source_dir"] and s["rows"] >= s["used"])
   return rows
 
 
