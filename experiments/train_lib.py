@@ -108,6 +108,7 @@ def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
     task_config=task_config,
     data_dir=section.get("data_dir") or None,
     source_dir=section.get("source_dir") or None,
+    on_bad_row=section.get("on_bad_row") or "raise",
   )
 
 
@@ -262,13 +263,22 @@ def task_label(task: str) -> str:
   return task.replace("/", "_")
 
 
-EXTRA_TASK_FIELDS = ("task", "split", "limit", "task_config", "data_dir", "source_dir", "label")
+EXTRA_TASK_FIELDS = (
+  "task",
+  "split",
+  "limit",
+  "task_config",
+  "data_dir",
+  "source_dir",
+  "on_bad_row",
+  "label",
+)
 
 
 def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate.TaskSpec]:
   """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
-  of split, limit, data_dir (default: eval's), task_config, source_dir, label (default: none /
-  the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
+  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
+  (default: none / the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
   entries = ev.get("extra_tasks") or ()
   check(
     isinstance(entries, (list, tuple)),
@@ -288,6 +298,7 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate
       "split": ev.get("split"),
       "limit": ev.get("limit"),
       "data_dir": ev.get("data_dir"),
+      "on_bad_row": ev.get("on_bad_row"),
       **entry,
     }
     task = section.get("task")

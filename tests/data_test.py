@@ -491,3 +491,83 @@ def test_task_names_match_the_builders_and_importing_es_jax_skips_tfds():
   code = "import sys, es_jax; print('tensorflow_datasets' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+# --- rows that cannot be read: bytes, surrogates, nesting, huge integers --------------------------
+
+_GOOD = json.dumps(GSM8K_ROWS[0]).encode()
+_BAD_LINES = {
+  "non_utf8": (b'{"question": "caf\xe9?", "answer": "#### 1"}', "<row>", "not UTF-8: byte 0xe9"),
+  "surrogate": (b'{"question": "x\\ud800y", "answer": "#### 1"}', "question", "lone surrogate"),
+  "nested": (b'{"question": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "<row>", "nested too"),
+  "huge_int": (b'{"question": "q", "answer": ' + b"7" * 5000 + b"}", "answer", "5000 digits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_LINES))
+def test_unreadable_jsonl_rows_name_file_and_line(tmp_path, case):
+  bad, field, reason = _BAD_LINES[case]
+  path = tmp_path / "src" / "test.jsonl"
+  path.parent.mkdir(parents=True)
+  path.write_bytes(b"\n".join([_GOOD, bad, _GOOD]) + b"\n")
+  with pytest.raises(data.BadRowError, match=f"line 2: field '{re.escape(field)}'.*{reason}") as e:
+    load(tmp_path, "gsm8k", "test")
+  assert e.value.path == str(path)
+  examples = load(tmp_path, "gsm8k", "test", on_bad_row="skip")
+  assert len(examples) == 2 and examples.num_skipped == 1
+
+
+def test_unreadable_rows_in_json_lists_and_csv(tmp_path):
+  # A JSON list: bytes that are not UTF-8 and huge integers are per-row (skippable) errors.
+  rows = [
+    b'{"problem": "p1", "answer": "1", "solution": "s"}',
+    b'{"problem": "\xff\xfe", "answer": "2", "solution": "s"}',
+    b'{"problem": "p3", "answer": ' + b"9" * 5000 + b', "solution": "s"}',
+    b'{"problem": "p4", "answer": "4", "solution": "s"}',
+  ]
+  (tmp_path / "ds").mkdir()
+  (tmp_path / "ds" / "deepscaler.json").write_bytes(b"[\n" + b",\n".join(rows) + b"\n]\n")
+  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "ds")}
+  with pytest.raises(data.BadRowError, match="deepscaler.json, line 3: field 'problem': not valid"):
+    data.load_task("deepscaler", "train", **kwargs)
+  examples = data.load_task("deepscaler", "train", on_bad_row="skip", **kwargs)
+  assert [e["answer"] for e in examples] == ["1", "4"]
+  assert [(b.line, b.field) for b in examples.bad_rows] == [(3, "problem"), (4, "answer")]
+  # Too deeply nested: the rest of the list cannot be found, so this one cannot be skipped.
+  deep = b'{"problem": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+  (tmp_path / "ds" / "deepscaler.json").write_bytes(b"[\n" + rows[0] + b",\n" + deep + b"\n]")
+  with pytest.raises(data.BadRowError, match="deepscaler.json, line 3: .*nested too deeply"):
+    data.load_task("deepscaler", "train", on_bad_row="skip", **kwargs)
+  # CSV: a byte that is not UTF-8 and an integer beyond int64 name their record's line.
+  header = "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3"
+  lines = [header.encode(), b"Q1,a,b,c,d", b"Q\xe92,a,b,c,d", b"Q3,a,b,c,d"]
+  (tmp_path / "gpqa").mkdir()
+  (tmp_path / "gpqa" / "gpqa_diamond.csv").write_bytes(b"\n".join(lines) + b"\n")
+  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "gpqa")}
+  with pytest.raises(data.BadRowError, match="gpqa_diamond.csv, line 3: field 'Question'"):
+    data.load_task("gpqa", "diamond", **kwargs)
+  assert len(data.load_task("gpqa", "diamond", on_bad_row="skip", **kwargs)) == 2
+
+
+def test_countdown_integer_beyond_int64_is_a_bad_field(tmp_path):
+  rows = [{"nums": [1, 2], "target": 3}, {"nums": [1, 2], "target": 10**30}]
+  write(tmp_path / "src/test.jsonl", jsonl(rows))
+  with pytest.raises(data.BadRowError, match="line 2: field 'target'"):
+    load(tmp_path, "countdown", "test")
+
+
+def test_on_bad_row_from_the_config_section(tmp_path):
+  from experiments import train_lib
+
+  write(tmp_path / "src/test.jsonl", jsonl([GSM8K_ROWS[0], {"question": "q"}, GSM8K_ROWS[1]]))
+  section = {
+    "task": "gsm8k",
+    "split": "test",
+    "data_dir": str(tmp_path / "tfds"),
+    "source_dir": str(tmp_path / "src"),
+    "on_bad_row": "raise",
+  }
+  with pytest.raises(data.BadRowError, match="line 2"):
+    train_lib.load_examples(section, "data")
+  examples = train_lib.load_examples({**section, "on_bad_row": "skip"}, "data")
+  assert len(examples) == 2 and examples.num_skipped == 1
