@@ -175,8 +175,20 @@ def _tree_manifest(tree: Any) -> dict[str, dict[str, Any]]:
     named.append((_path_name(path), leaf))
   if not named:
     return {}
-  digests = _digests([jnp.asarray(x) if isinstance(x, np.ndarray) else x for _, x in named])
-  digests = np.asarray(digests.addressable_data(0))
+  # One jitted call per set of devices: a computation cannot mix arrays of different meshes.
+  groups: dict[Any, list[int]] = {}
+  for i, (_, x) in enumerate(named):
+    devices = frozenset(x.sharding.device_set) if isinstance(x, jax.Array) else None
+    groups.setdefault(devices, []).append(i)
+  digests: list[Any] = [None] * len(named)
+  for idx in groups.values():
+    out = _digests([jnp.asarray(named[i][1]) for i in idx])
+    if jax.process_count() > 1 and not out.is_fully_replicated:
+      out = multihost_utils.process_allgather(out, tiled=True)
+    elif jax.process_count() > 1:
+      out = out.addressable_data(0)
+    for i, d in zip(idx, np.asarray(out), strict=True):
+      digests[i] = d
   return {
     name: {
       "shape": list(np.shape(x)),

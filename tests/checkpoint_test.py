@@ -351,6 +351,9 @@ def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
   sharded = jax.device_put(x, jax.NamedSharding(mesh, jax.P("pop")))
   plain = checkpoint._tree_manifest({"x": x, "b": x.astype(jnp.bfloat16), "k": True})
   assert checkpoint._tree_manifest({"x": sharded})["x"] == plain["x"]
+  # Leaves on different devices (a mesh and one other device) are digested separately.
+  mixed = checkpoint._tree_manifest({"x": sharded, "y": jax.device_put(x, jax.devices()[3])})
+  assert mixed["x"] == mixed["y"] == plain["x"]
   bits = np.asarray(x).view(np.uint32).copy()
   bits[5, 3] ^= 1 << 31
   flipped = checkpoint._tree_manifest({"x": jnp.asarray(bits.view(np.float32))})
