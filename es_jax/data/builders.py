@@ -408,6 +408,9 @@ def prepare(name: str, *, data_dir: str | None = None, source_dir: str | None = 
         "source_dir= (data.source_dir / eval.source_dir) to say which one to use."
       )
     if copies:
+      log.info(
+        "%s: reading the copy prepared from %s", name, copies[0].info.metadata.get("source_dir")
+      )
       return copies[0]
     raise FileNotFoundError(
       f"{name} is not prepared in {base}: pass source_dir=, the directory holding the "
