@@ -19,7 +19,10 @@ the key its shape, dtype and a 64-bit digest of its bytes, and a SHA-256 of the 
 digests are computed on device from the arrays being saved, before Orbax copies them, and the
 manifest is one more item of the same atomic save, so it commits with the checkpoint. `restore`
 recomputes the digests of what it read; a checkpoint whose manifest is missing, unreadable or
-disagrees with what was read (bytes changed in place, a bit flip) is not trusted.
+disagrees with what was read (bytes changed in place, a bit flip) is not trusted. On a local
+file system, process 0 also writes `<step>/integrity_files.json` (the size and SHA-256 of every
+file of the step) once the step has committed, at the next `save`, `wait` or `close`; when a step
+fails to restore, the warning names the files that no longer match it.
 
 `restore()` with no step tries the newest checkpoint first. A checkpoint that cannot be read or
 fails its integrity check (a file changed, truncated or missing, its commit marker missing) is
@@ -99,6 +102,7 @@ def _abstract_leaf(x: Any, default_sharding: jax.sharding.Sharding) -> Any:
 # Integrity digests
 
 _MANIFEST_VERSION = 1
+_FILES_MANIFEST = "integrity_files.json"
 _DIGEST = "u32-weighted-sum-x2"  # see _leaf_digest
 
 
@@ -221,6 +225,45 @@ def _check_manifest(item: str, saved: Mapping[str, Any], restored: Mapping[str, 
         )
 
 
+def _file_digests(step_dir: str) -> dict[str, list[Any]]:
+  """{relative path: [size, sha256]} of every file under a local step directory."""
+  out = {}
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      full = os.path.join(root, name)
+      rel = os.path.relpath(full, step_dir)
+      if rel == _FILES_MANIFEST or rel.startswith(f".{_FILES_MANIFEST}"):
+        continue
+      digest = hashlib.sha256()
+      with open(full, "rb") as f:
+        for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+          digest.update(chunk)
+      out[rel] = [os.path.getsize(full), digest.hexdigest()]
+  return dict(sorted(out.items()))
+
+
+def damaged_files(step_dir: str | os.PathLike) -> list[str] | None:
+  """The files of a local step directory that differ from its integrity_files.json, as
+  "path (why)" strings; None when there is no such manifest to compare with."""
+  step_dir = os.fspath(step_dir)
+  try:
+    with open(os.path.join(step_dir, _FILES_MANIFEST)) as f:
+      saved = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  now = _file_digests(step_dir)
+  out = []
+  for rel, (size, sha) in saved.items():
+    if rel not in now:
+      out.append(f"{rel} (missing)")
+    elif now[rel][0] != size:
+      out.append(f"{rel} ({now[rel][0]} bytes, {size} when saved)")
+    elif now[rel][1] != sha:
+      out.append(f"{rel} (contents changed)")
+  out.extend(f"{rel} (not in the manifest)" for rel in now if rel not in saved)
+  return out
+
+
 def _key_sharding_like(abstract_state: Any) -> jax.sharding.Sharding:
   """Replicated over the mesh of the first NamedSharding leaf, else the first device."""
   for leaf in jax.tree.leaves(abstract_state):
@@ -274,6 +317,8 @@ class Checkpointer:
       directory = os.path.abspath(directory)  # Orbax refuses relative paths
     self.directory = epath.Path(directory)
     self.integrity = integrity
+    self._local = "://" not in str(directory)
+    self._unlisted: list[int] = []  # saved steps without integrity_files.json yet
     # cleanup_tmp_directories: leftovers of saves killed mid-write are deleted on start.
     options = ocp.CheckpointManagerOptions(
       save_interval_steps=save_interval_steps,
@@ -345,14 +390,40 @@ class Checkpointer:
         "key_impl": impl if key is not None else None,
       }
       items["integrity"] = ocp.args.JsonSave(manifest)
-    return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self._list_committed()
+    started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if started and self.integrity:
+      self._unlisted.append(step)
+    return started
+
+  def _list_committed(self) -> None:
+    """Waits for pending saves, then writes integrity_files.json into each newly saved step."""
+    if not self._unlisted:
+      return
+    self._manager.wait_until_finished()
+    steps, self._unlisted = self._unlisted, []
+    if not self._local or jax.process_index() != 0:
+      return
+    for step in steps:
+      path = os.fspath(self._step_path(step))
+      if not os.path.exists(os.path.join(path, _COMMIT_MARKER)):
+        continue  # deleted by the keep-N policy meanwhile, or never committed
+      try:
+        tmp = os.path.join(path, f".{_FILES_MANIFEST}.tmp")
+        with open(tmp, "w") as f:
+          json.dump({"version": _MANIFEST_VERSION, "files": _file_digests(path)}, f)
+        os.replace(tmp, os.path.join(path, _FILES_MANIFEST))
+      except OSError as err:  # optional: the array manifest is what restores trust
+        _log.warning("Could not write %s/%s: %s", path, _FILES_MANIFEST, err)
 
   def wait(self) -> None:
     """Blocks until every started save is committed to disk."""
     self._manager.wait_until_finished()
+    self._list_committed()
 
   def close(self) -> None:
     """Waits for pending saves and releases the manager's threads."""
+    self._list_committed()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
@@ -477,7 +548,13 @@ class Checkpointer:
           f"No committed checkpoint for step {step} in {self.directory}; committed steps: "
           f"{self.all_steps()}."
         )
-      return self._restore_step(int(step), abstract_state, key_sharding)
+      try:
+        return self._restore_step(int(step), abstract_state, key_sharding)
+      except Exception as err:
+        damaged = damaged_files(self._step_path(int(step))) if self._local else None
+        if damaged:
+          err.add_note(f"Files changed since the save: {', '.join(damaged[:5])}")
+        raise
     restored, failures = None, []
     # Newest first, uncommitted directories included so that they get moved aside too.
     for candidate in sorted(self._manager.all_steps(), reverse=True):
@@ -493,11 +570,13 @@ class Checkpointer:
       if restored is None and not isinstance(err, _UncommittedError):
         continue
       bad_path = self._step_path(bad)
+      damaged = damaged_files(bad_path) if self._local else None
+      files = f"; files changed since the save: {', '.join(damaged[:5])}" if damaged else ""
       moved_to = self._quarantine(bad)
       instead = f"restored step {restored.meta['step']}" if restored else "none is left"
       warnings.warn(
         f"Checkpoint {bad_path} could not be restored ({type(err).__name__}: "
-        f"{str(err)[:300]}); {instead}; moved it to {moved_to}.",
+        f"{str(err)[:300]}){files}; {instead}; moved it to {moved_to}.",
         CorruptCheckpointWarning,
         stacklevel=2,
       )

@@ -271,6 +271,7 @@ def _garbage_in_middle(step_dir):
   with open(f, "r+b") as fh:
     fh.seek(size // 2)
     fh.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+  return f
 
 
 def _flip_one_bit(step_dir):
@@ -278,23 +279,29 @@ def _flip_one_bit(step_dir):
   data = bytearray(f.read_bytes())
   data[len(data) // 2] ^= 0x10
   f.write_bytes(bytes(data))
+  return f
 
 
 def _truncate_largest(step_dir):
   f = _largest_data_file(step_dir)
   os.truncate(f, f.stat().st_size // 2)
+  return f
 
 
 def _delete_largest(step_dir):
-  _largest_data_file(step_dir).unlink()
+  f = _largest_data_file(step_dir)
+  f.unlink()
+  return f
 
 
 def _edit_meta(step_dir):
   (step_dir / "meta" / "metadata").write_text('{"step": 3, "pos": 999}')
+  return step_dir / "meta" / "metadata"
 
 
 def _delete_manifest(step_dir):
   shutil.rmtree(step_dir / "integrity")
+  return step_dir / "integrity" / "metadata"
 
 
 @_FAILED_READ_NOISE
@@ -315,10 +322,14 @@ def test_corruption_in_place_falls_back_bit_for_bit(tmp_path, key, corrupt):
     for s in (1, 2, 3):
       states[s] = _big_state(key, s)
       ckpt.save(s, state=states[s], key=jax.random.fold_in(key, 100 + s), meta={"pos": 10 * s})
-  corrupt(tmp_path / "3")
+  assert (tmp_path / "3" / "integrity_files.json").exists()
+  damaged = corrupt(tmp_path / "3").relative_to(tmp_path / "3")
   with Checkpointer(tmp_path) as ckpt:
-    with pytest.warns(CorruptCheckpointWarning, match=str(tmp_path / "3")):
+    with pytest.warns(CorruptCheckpointWarning, match=str(tmp_path / "3")) as record:
       restored = ckpt.restore(abstract_state=states[3])
+    # The warning names the step and the file that changed.
+    message = str(record[0].message)
+    assert "files changed since the save: " in message and f"{damaged} (" in message
     assert restored.meta == {"step": 2, "pos": 20}
     _assert_bit_identical(restored.state, states[2])
     np.testing.assert_array_equal(
@@ -333,14 +344,15 @@ def test_without_manifest_check_a_bit_flip_goes_unnoticed(tmp_path, key):
   with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
     for s in (2, 3):
       ckpt.save(s, state=_big_state(key, s))
-  _flip_one_bit(tmp_path / "3")
+  flipped = _flip_one_bit(tmp_path / "3").relative_to(tmp_path / "3")
   with Checkpointer(tmp_path, integrity=False) as ckpt:
     unchecked = ckpt.restore(abstract_state=_big_state(key, 3))
   assert unchecked.meta["step"] == 3
   assert not np.array_equal(unchecked.state["w"], _big_state(key, 3)["w"])
   with Checkpointer(tmp_path) as ckpt:
-    with pytest.raises(CorruptCheckpointError, match="state/w: contents"):
+    with pytest.raises(CorruptCheckpointError, match="state/w: contents") as info:
       ckpt.restore(3, abstract_state=_big_state(key, 3))
+  assert info.value.__notes__ == [f"Files changed since the save: {flipped} (contents changed)"]
 
 
 def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
