@@ -14,8 +14,19 @@ gs:// it writes `commit_success.txt` last instead), so a run killed mid-save lea
 `latest_step` or `restore` will pick up. Saves are asynchronous by default: arrays are copied to
 host memory before `save` returns, and the files are written in the background; `wait()` blocks.
 
-`restore()` with no step tries the newest checkpoint first. A checkpoint that cannot be read (a
-file truncated or missing, its commit marker missing) is skipped with a `CorruptCheckpointWarning`
+Every checkpoint also holds an integrity manifest, integrity/: for each array of the state and
+the key its shape, dtype and a 64-bit digest of its bytes, and a SHA-256 of the meta JSON. The
+digests are computed on device from the arrays being saved, before Orbax copies them, and the
+manifest is one more item of the same atomic save, so it commits with the checkpoint. `restore`
+recomputes the digests of what it read; a checkpoint whose manifest is missing, unreadable or
+disagrees with what was read (bytes changed in place, a bit flip) is not trusted. On a local
+file system, process 0 also writes `<step>/integrity_files.json` (the size and SHA-256 of every
+file of the step) once the step has committed, at the next `save`, `wait` or `close`; when a step
+fails to restore, the warning names the files that no longer match it.
+
+`restore()` with no step tries the newest checkpoint first. A checkpoint that cannot be read or
+fails its integrity check (a file changed, truncated or missing, its commit marker missing) is
+skipped with a `CorruptCheckpointWarning`
 naming its path; once an older one restores, the unreadable newer ones are moved aside to
 `<step>.corrupt` so that the resumed run can save those steps again.
 
@@ -24,6 +35,7 @@ Paths may be local or gs:// (anything `etils.epath` opens); they are passed thro
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -34,6 +46,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -46,6 +59,10 @@ _COMMIT_MARKER = "commit_success.txt"  # written last by Orbax 0.12 on every fil
 
 class CorruptCheckpointWarning(UserWarning):
   """A checkpoint could not be restored and an older one was used instead."""
+
+
+class CorruptCheckpointError(ValueError):
+  """A checkpoint read without error, but its contents disagree with its integrity manifest."""
 
 
 class NoCheckpointError(FileNotFoundError):
@@ -81,6 +98,172 @@ def _abstract_leaf(x: Any, default_sharding: jax.sharding.Sharding) -> Any:
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or default_sharding)
 
 
+# ---------------------------------------------------------------------------------------------
+# Integrity digests
+
+_MANIFEST_VERSION = 1
+_FILES_MANIFEST = "integrity_files.json"
+_DIGEST = "u32-weighted-sum-x2"  # see _leaf_digest
+
+
+def _fmix32(h: jax.Array) -> jax.Array:
+  """MurmurHash3's 32-bit finaliser: a bijection of uint32 that mixes every input bit."""
+  h = h ^ (h >> 16)
+  h = h * jnp.uint32(0x85EBCA6B)
+  h = h ^ (h >> 13)
+  h = h * jnp.uint32(0xC2B2AE35)
+  return h ^ (h >> 16)
+
+
+def _as_words(x: jax.Array) -> jax.Array:
+  """The bytes of `x` as a flat uint32 vector (one word per element, two for 64-bit types)."""
+  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    x = jax.random.key_data(x)
+  if jnp.issubdtype(x.dtype, jnp.complexfloating):
+    x = jnp.stack([x.real, x.imag], axis=-1)
+  size = x.dtype.itemsize
+  if x.dtype == jnp.bool_:
+    words = x.astype(jnp.uint32)
+  elif size == 8:
+    words = jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., 2]
+  else:
+    words = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size])
+    words = words.astype(jnp.uint32)
+  return words.reshape(-1)
+
+
+def _leaf_digest(x: jax.Array) -> jax.Array:
+  """Two 32-bit digests of an array's bytes, independent of how the array is sharded.
+
+  Each is Σ_i w_i c_i mod 2^32 over the words w_i, with odd position weights c_i from a mixing
+  function of the index i (two different seeds): a sum is exact and order-free, so any sharding
+  gives the same digest, and changing one word by d changes the sum by d·c_i ≠ 0 (c_i odd).
+  """
+  words = _as_words(x)
+  i = jax.lax.iota(jnp.uint32, words.shape[0])
+  out = []
+  for seed in (0x9E3779B9, 0x7F4A7C15):
+    weights = _fmix32(i ^ jnp.uint32(seed)) | jnp.uint32(1)
+    out.append(jnp.sum(words * weights, dtype=jnp.uint32))
+  return jnp.stack(out)
+
+
+@jax.jit
+def _digests(leaves: list[jax.Array]) -> jax.Array:
+  return jnp.stack([_leaf_digest(x) for x in leaves]) if leaves else jnp.zeros((0, 2), jnp.uint32)
+
+
+def _path_name(path: tuple[Any, ...]) -> str:
+  """A pytree path as "a/b/0/c", the same for a NamedTuple and the dict Orbax restores it as."""
+  parts = []
+  for k in path:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def _tree_manifest(tree: Any) -> dict[str, dict[str, Any]]:
+  """{path: {"shape", "dtype", "digest"}} for every array leaf of `tree` (scalars included)."""
+  named = []
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if not isinstance(leaf, jax.Array):
+      if not isinstance(leaf, np.ndarray | np.generic | int | float | bool):
+        continue
+      leaf = np.asarray(leaf)
+      if leaf.dtype.kind not in "biufc":
+        continue
+    named.append((_path_name(path), leaf))
+  if not named:
+    return {}
+  # One jitted call per set of devices: a computation cannot mix arrays of different meshes.
+  groups: dict[Any, list[int]] = {}
+  for i, (_, x) in enumerate(named):
+    devices = frozenset(x.sharding.device_set) if isinstance(x, jax.Array) else None
+    groups.setdefault(devices, []).append(i)
+  digests: list[Any] = [None] * len(named)
+  for idx in groups.values():
+    out = _digests([jnp.asarray(named[i][1]) for i in idx])
+    if jax.process_count() > 1 and not out.is_fully_replicated:
+      out = multihost_utils.process_allgather(out, tiled=True)
+    elif jax.process_count() > 1:
+      out = out.addressable_data(0)
+    for i, d in zip(idx, np.asarray(out), strict=True):
+      digests[i] = d
+  return {
+    name: {
+      "shape": list(np.shape(x)),
+      "dtype": str(x.dtype),
+      "digest": f"{int(d[0]):08x}{int(d[1]):08x}",
+    }
+    for (name, x), d in zip(named, digests, strict=True)
+  }
+
+
+def _meta_digest(meta: Mapping[str, Any]) -> str:
+  return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
+
+
+def _check_manifest(item: str, saved: Mapping[str, Any], restored: Mapping[str, Any]) -> None:
+  """Raises CorruptCheckpointError naming the first array of `item` that differs."""
+  if set(saved) != set(restored):
+    missing = sorted(set(saved) - set(restored))[:3]
+    extra = sorted(set(restored) - set(saved))[:3]
+    raise CorruptCheckpointError(
+      f"{item}: arrays differ from the manifest (missing {missing}, unexpected {extra})."
+    )
+  for name in sorted(saved):
+    want, got = saved[name], restored[name]
+    for field in ("shape", "dtype", "digest"):
+      if want[field] != got[field]:
+        what = "contents" if field == "digest" else field
+        raise CorruptCheckpointError(
+          f"{item}/{name}: {what} {got[field]} on restore, {want[field]} when saved."
+        )
+
+
+def _file_digests(step_dir: str) -> dict[str, list[Any]]:
+  """{relative path: [size, sha256]} of every file under a local step directory."""
+  out = {}
+  for root, _, names in os.walk(step_dir):
+    for name in names:
+      full = os.path.join(root, name)
+      rel = os.path.relpath(full, step_dir)
+      if rel == _FILES_MANIFEST or rel.startswith(f".{_FILES_MANIFEST}"):
+        continue
+      digest = hashlib.sha256()
+      with open(full, "rb") as f:
+        for chunk in iter(lambda f=f: f.read(1 << 22), b""):
+          digest.update(chunk)
+      out[rel] = [os.path.getsize(full), digest.hexdigest()]
+  return dict(sorted(out.items()))
+
+
+def damaged_files(step_dir: str | os.PathLike) -> list[str] | None:
+  """The files of a local step directory that differ from its integrity_files.json, as
+  "path (why)" strings; None when there is no such manifest to compare with."""
+  step_dir = os.fspath(step_dir)
+  try:
+    with open(os.path.join(step_dir, _FILES_MANIFEST)) as f:
+      saved = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return None
+  now = _file_digests(step_dir)
+  out = []
+  for rel, (size, sha) in saved.items():
+    if rel not in now:
+      out.append(f"{rel} (missing)")
+    elif now[rel][0] != size:
+      out.append(f"{rel} ({now[rel][0]} bytes, {size} when saved)")
+    elif now[rel][1] != sha:
+      out.append(f"{rel} (contents changed)")
+  out.extend(f"{rel} (not in the manifest)" for rel in now if rel not in saved)
+  return out
+
+
 def _key_sharding_like(abstract_state: Any) -> jax.sharding.Sharding:
   """Replicated over the mesh of the first NamedSharding leaf, else the first device."""
   for leaf in jax.tree.leaves(abstract_state):
@@ -110,6 +293,7 @@ class Checkpointer:
     max_to_keep: int | None = 3,
     save_interval_steps: int = 1,
     async_save: bool = True,
+    integrity: bool = True,
   ):
     """Opens (and creates) a checkpoint directory.
 
@@ -119,6 +303,9 @@ class Checkpointer:
       save_interval_steps: `save` writes only steps that are multiples of this (the first save
         of a process and `force=True` saves always write).
       async_save: write files in a background thread; False blocks in `save` until committed.
+      integrity: write an integrity manifest with every checkpoint and trust only checkpoints
+        whose manifest matches what `restore` read. False neither writes nor checks one (for
+        checkpoints written without).
     """
     for name, value in (
       ("max_to_keep", 1 if max_to_keep is None else max_to_keep),
@@ -129,6 +316,9 @@ class Checkpointer:
     if "://" not in str(directory):
       directory = os.path.abspath(directory)  # Orbax refuses relative paths
     self.directory = epath.Path(directory)
+    self.integrity = integrity
+    self._local = "://" not in str(directory)
+    self._unlisted: list[int] = []  # saved steps without integrity_files.json yet
     # cleanup_tmp_directories: leftovers of saves killed mid-write are deleted on start.
     options = ocp.CheckpointManagerOptions(
       save_interval_steps=save_interval_steps,
@@ -189,14 +379,51 @@ class Checkpointer:
       items["key"] = ocp.args.StandardSave({"data": data})
       impl = {"impl": str(jax.random.key_impl(key)), "shape": list(data.shape)}
       items["key_impl"] = ocp.args.JsonSave(impl)
-    return self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if self.integrity:
+      # Digests of the arrays as they are now, before the (possibly donated) state moves on.
+      manifest = {
+        "version": _MANIFEST_VERSION,
+        "digest": _DIGEST,
+        "state": _tree_manifest(state),
+        "key": None if key is None else _tree_manifest({"data": jax.random.key_data(key)}),
+        "meta": _meta_digest(meta),
+        "key_impl": impl if key is not None else None,
+      }
+      items["integrity"] = ocp.args.JsonSave(manifest)
+    self._list_committed()
+    started = self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+    if started and self.integrity:
+      self._unlisted.append(step)
+    return started
+
+  def _list_committed(self) -> None:
+    """Waits for pending saves, then writes integrity_files.json into each newly saved step."""
+    if not self._unlisted:
+      return
+    self._manager.wait_until_finished()
+    steps, self._unlisted = self._unlisted, []
+    if not self._local or jax.process_index() != 0:
+      return
+    for step in steps:
+      path = os.fspath(self._step_path(step))
+      if not os.path.exists(os.path.join(path, _COMMIT_MARKER)):
+        continue  # deleted by the keep-N policy meanwhile, or never committed
+      try:
+        tmp = os.path.join(path, f".{_FILES_MANIFEST}.tmp")
+        with open(tmp, "w") as f:
+          json.dump({"version": _MANIFEST_VERSION, "files": _file_digests(path)}, f)
+        os.replace(tmp, os.path.join(path, _FILES_MANIFEST))
+      except OSError as err:  # optional: the array manifest is what restores trust
+        _log.warning("Could not write %s/%s: %s", path, _FILES_MANIFEST, err)
 
   def wait(self) -> None:
     """Blocks until every started save is committed to disk."""
     self._manager.wait_until_finished()
+    self._list_committed()
 
   def close(self) -> None:
     """Waits for pending saves and releases the manager's threads."""
+    self._list_committed()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
@@ -229,8 +456,25 @@ class Checkpointer:
     json_items = {"meta": ocp.args.JsonRestore()}
     if has_key:
       json_items["key_impl"] = ocp.args.JsonRestore()
+    if self.integrity:
+      if not (path / "integrity").exists():
+        raise CorruptCheckpointError(
+          f"{path} has no integrity manifest (integrity/), so its contents cannot be checked; "
+          "restore it with Checkpointer(..., integrity=False) if it was written without one."
+        )
+      json_items["integrity"] = ocp.args.JsonRestore()
     info = self._manager.restore(step, args=ocp.args.Composite(**json_items))
     meta = dict(info.meta)
+    manifest = info.integrity if self.integrity else None
+    if manifest is not None:
+      if not isinstance(manifest, dict) or manifest.get("version") != _MANIFEST_VERSION:
+        raise CorruptCheckpointError(f"{path}/integrity: not a version-1 manifest.")
+      if manifest.get("meta") != _meta_digest(meta):
+        raise CorruptCheckpointError(f"{path}/meta: contents differ from the manifest.")
+      if (manifest.get("key") is not None) != has_key:
+        raise CorruptCheckpointError(f"{path}/key: present={has_key} disagrees with the manifest.")
+      if has_key and manifest.get("key_impl") != dict(info.key_impl):
+        raise CorruptCheckpointError(f"{path}/key_impl: contents differ from the manifest.")
     if meta.get("step") != step:
       raise ValueError(f"{path}/meta says step {meta.get('step')!r}, expected {step}.")
     if abstract_state is None:
@@ -246,6 +490,10 @@ class Checkpointer:
       items["key"] = ocp.args.StandardRestore({"data": data})
     out = self._manager.restore(step, args=ocp.args.Composite(**items))
     key = None
+    if manifest is not None:
+      _check_manifest(f"{path}/state", manifest["state"], _tree_manifest(out.state))
+      if has_key:
+        _check_manifest(f"{path}/key", manifest["key"], _tree_manifest(out.key))
     if has_key:
       key = jax.random.wrap_key_data(out.key["data"], impl=info.key_impl["impl"])
     return Restored(state=out.state, key=key, meta=meta)
@@ -300,7 +548,13 @@ class Checkpointer:
           f"No committed checkpoint for step {step} in {self.directory}; committed steps: "
           f"{self.all_steps()}."
         )
-      return self._restore_step(int(step), abstract_state, key_sharding)
+      try:
+        return self._restore_step(int(step), abstract_state, key_sharding)
+      except Exception as err:
+        damaged = damaged_files(self._step_path(int(step))) if self._local else None
+        if damaged:
+          err.add_note(f"Files changed since the save: {', '.join(damaged[:5])}")
+        raise
     restored, failures = None, []
     # Newest first, uncommitted directories included so that they get moved aside too.
     for candidate in sorted(self._manager.all_steps(), reverse=True):
@@ -316,11 +570,13 @@ class Checkpointer:
       if restored is None and not isinstance(err, _UncommittedError):
         continue
       bad_path = self._step_path(bad)
+      damaged = damaged_files(bad_path) if self._local else None
+      files = f"; files changed since the save: {', '.join(damaged[:5])}" if damaged else ""
       moved_to = self._quarantine(bad)
       instead = f"restored step {restored.meta['step']}" if restored else "none is left"
       warnings.warn(
         f"Checkpoint {bad_path} could not be restored ({type(err).__name__}: "
-        f"{str(err)[:300]}); {instead}; moved it to {moved_to}.",
+        f"{str(err)[:300]}){files}; {instead}; moved it to {moved_to}.",
         CorruptCheckpointWarning,
         stacklevel=2,
       )

@@ -398,6 +398,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       task_config=dict(t["task_config"]) if t.get("task_config") else None,
       data_dir=t.get("data_dir"),
       source_dir=t.get("source_dir"),
+      on_bad_row=t.get("on_bad_row") or "raise",
     )
     specs.append(TaskSpec(t.get("label") or t["name"], t["name"], examples))
   return evaluate_tasks(

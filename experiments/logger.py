@@ -12,7 +12,9 @@ Files written into a run's workdir (by process 0 only):
   tensorboard/        event files (tensorboardX, no TensorFlow): a scalar per number, a histogram
                       per array (per-member rewards, ...), tagged with the metric name.
   config.json/.yaml   the resolved config; a previous, different one is kept as config.<n>.json.
-  versions.json       package versions, Python, backend and devices (`package_versions`).
+  versions.json       package versions, Python, backend and devices (`package_versions`), and
+                      under "data" where the run's examples come from (source directory, the
+                      source files' SHA-256, rows, limit) when the runner passes `data_sources`.
 
 Resuming: steps must increase over a whole run (a sequential run counts steps across stages).
 Create the logger with `resume_step=` the step of the restored checkpoint, or -1 when the run
@@ -213,6 +215,7 @@ class RunLogger:
     local_dir: str | os.PathLike | None = None,
     sync_secs: float = 60.0,
     enabled: bool | None = None,
+    data_sources: Mapping[str, Any] | None = None,
   ):
     """Opens (appending) the logs of `workdir`.
 
@@ -226,6 +229,7 @@ class RunLogger:
         flush/close; default: `workdir` itself when local, a temporary directory when remote.
       sync_secs: seconds between copies to a remote `workdir`.
       enabled: write anything at all; default: only on process 0.
+      data_sources: {config section: `TaskExamples.source`}, stored in versions.json as "data".
     """
     self.enabled = jax.process_index() == 0 if enabled is None else enabled
     self.workdir = epath.Path(workdir)
@@ -252,7 +256,12 @@ class RunLogger:
       resolved = _config_dict(config)
       _write_json_keep_previous(self.local_dir / "config.json", resolved, "config")
       (self.local_dir / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
-    _write_json_keep_previous(self.local_dir / VERSIONS_FILE, package_versions(), "versions")
+    versions = package_versions()
+    if data_sources is not None:
+      versions["data"] = json.loads(
+        json.dumps(dict(data_sources), default=lambda x: to_json_value(x, name="data_sources"))
+      )
+    _write_json_keep_previous(self.local_dir / VERSIONS_FILE, versions, "versions")
 
     if tensorboard:
       from tensorboardX import SummaryWriter  # import here: it is slow and optional

@@ -6,7 +6,8 @@
 `config.method` picks the runner: es, grpo, sequential, evaluate, demo, sparsity,
 population_sweep, diversity or report (each module exposes `run(config, workdir)`). The config
 is locked: an unknown key or a value of the wrong type is refused naming it. Rerunning the same
-command resumes from the newest checkpoint in DIR. On a multi-host TPU slice run the same command
+command resumes from the newest checkpoint in DIR; a second run on a DIR in use is refused
+(`experiments.workdir_lock`). On a multi-host TPU slice run the same command
 on every worker (jax.distributed joins them).
 """
 
@@ -20,6 +21,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from es_jax import sharding
+from experiments.workdir_lock import WorkdirLock
 
 RUNNERS = {  # method -> module:function(config, workdir)
   "es": "experiments.es:run",
@@ -46,7 +48,8 @@ def main(argv) -> None:
   if config.method not in RUNNERS:
     raise app.UsageError(f"config.method={config.method!r}: use one of {sorted(RUNNERS)}")
   module, function = RUNNERS[config.method].split(":")
-  result = getattr(importlib.import_module(module), function)(config, _WORKDIR.value)
+  with WorkdirLock(_WORKDIR.value):
+    result = getattr(importlib.import_module(module), function)(config, _WORKDIR.value)
   summary = {k: v for k, v in (result or {}).items() if k in ("stopped", "eval", "report")}
   print(json.dumps(summary, indent=1, default=str))
 

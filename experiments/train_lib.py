@@ -108,6 +108,7 @@ def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
     task_config=task_config,
     data_dir=section.get("data_dir") or None,
     source_dir=section.get("source_dir") or None,
+    on_bad_row=section.get("on_bad_row") or "raise",
   )
 
 
@@ -262,13 +263,22 @@ def task_label(task: str) -> str:
   return task.replace("/", "_")
 
 
-EXTRA_TASK_FIELDS = ("task", "split", "limit", "task_config", "data_dir", "source_dir", "label")
+EXTRA_TASK_FIELDS = (
+  "task",
+  "split",
+  "limit",
+  "task_config",
+  "data_dir",
+  "source_dir",
+  "on_bad_row",
+  "label",
+)
 
 
 def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate.TaskSpec]:
   """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
-  of split, limit, data_dir (default: eval's), task_config, source_dir, label (default: none /
-  the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
+  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
+  (default: none / the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
   entries = ev.get("extra_tasks") or ()
   check(
     isinstance(entries, (list, tuple)),
@@ -288,6 +298,7 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate
       "split": ev.get("split"),
       "limit": ev.get("limit"),
       "data_dir": ev.get("data_dir"),
+      "on_bad_row": ev.get("on_bad_row"),
       **entry,
     }
     task = section.get("task")
@@ -332,6 +343,7 @@ class Context:
   mesh: Any
   eos_ids: tuple[int, ...]
   pad_id: int
+  data_sources: dict[str, Any] = dataclasses.field(default_factory=dict)  # in versions.json
 
 
 def make_mesh(config: ml_collections.ConfigDict):
@@ -348,6 +360,10 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   positive_int(config.data.prompts_per_step, "data.prompts_per_step")
   examples = load_examples(config.data, "data")
   reward = rewards.get_reward(reward_name(config.data))
+  evaluator = Evaluator(config, tokenizer, keys)
+  data_sources = {"data": examples_source(examples), "eval": examples_source(evaluator.examples)}
+  for i, spec in enumerate(evaluator.extra):
+    data_sources[f"eval.extra_tasks[{i}]"] = examples_source(spec.examples)
   return Context(
     config=config,
     workdir=os.fspath(workdir),
@@ -357,11 +373,17 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     keys=keys,
     examples=examples,
     score=make_scorer(tokenizer, reward),
-    evaluator=Evaluator(config, tokenizer, keys),
+    evaluator=evaluator,
     mesh=make_mesh(config),
     eos_ids=eos_ids(tokenizer),
     pad_id=pad_id(tokenizer),
+    data_sources=data_sources,
   )
+
+
+def examples_source(examples: Sequence[dict]) -> dict[str, Any]:
+  """Where a training or evaluation pool comes from (`TaskExamples.source`), or its length."""
+  return dict(getattr(examples, "source", None) or {"used": len(examples)})
 
 
 def step_batch(ctx: Context, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
@@ -499,13 +521,19 @@ class Loop:
       resume = stage.offset + self.start
       log.info("%s: resumed from step %d of %d", stage.name, self.start, stage.num_steps)
     if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
-      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=None)
+      self.logger = RunLogger(
+        ctx.workdir, config=ctx.config, resume_step=None, data_sources=ctx.data_sources
+      )
     elif restored is None and stage.offset == 0:  # a fresh run: drop a killed attempt's lines
-      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=-1)
+      self.logger = RunLogger(
+        ctx.workdir, config=ctx.config, resume_step=-1, data_sources=ctx.data_sources
+      )
       if ctx.config.eval.every > 0:  # the base model, at global step 0
         self.logger.log(0, ctx.evaluator.periodic(ctx.base_params, ctx.model_config))
     else:
-      self.logger = RunLogger(ctx.workdir, config=ctx.config, resume_step=resume)
+      self.logger = RunLogger(
+        ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
+      )
     self.preempt = install_sigterm_handler()
     self.stopped = False
     self.bar = ProgressBar(

@@ -14,6 +14,7 @@ import pytest
 
 from es_jax.checkpoint import (
   Checkpointer,
+  CorruptCheckpointError,
   CorruptCheckpointWarning,
   install_sigterm_handler,
 )
@@ -250,3 +251,123 @@ def test_relative_directory_is_made_absolute(tmp_path, monkeypatch):
   np.testing.assert_array_equal(ckpt.restore().state["w"], np.arange(3.0))
   ckpt.close()
   assert (tmp_path / "runs" / "ckpt" / "1").is_dir()
+
+
+def _big_state(key, step):
+  # Large enough that a data file holds more than 8 KiB, so 4 KiB fit into its middle.
+  k = jax.random.fold_in(key, step)
+  return {"w": jax.random.normal(k, (64, 512), jnp.float32), "n": jnp.arange(8) + step}
+
+
+def _largest_data_file(step_dir):
+  files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+  return max(files, key=lambda p: p.stat().st_size)
+
+
+def _garbage_in_middle(step_dir):
+  f = _largest_data_file(step_dir)
+  size = f.stat().st_size
+  assert size > 3 * 4096, f"{f} is only {size} bytes"
+  with open(f, "r+b") as fh:
+    fh.seek(size // 2)
+    fh.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+  return f
+
+
+def _flip_one_bit(step_dir):
+  f = _largest_data_file(step_dir)
+  data = bytearray(f.read_bytes())
+  data[len(data) // 2] ^= 0x10
+  f.write_bytes(bytes(data))
+  return f
+
+
+def _truncate_largest(step_dir):
+  f = _largest_data_file(step_dir)
+  os.truncate(f, f.stat().st_size // 2)
+  return f
+
+
+def _delete_largest(step_dir):
+  f = _largest_data_file(step_dir)
+  f.unlink()
+  return f
+
+
+def _edit_meta(step_dir):
+  (step_dir / "meta" / "metadata").write_text('{"step": 3, "pos": 999}')
+  return step_dir / "meta" / "metadata"
+
+
+def _delete_manifest(step_dir):
+  shutil.rmtree(step_dir / "integrity")
+  return step_dir / "integrity" / "metadata"
+
+
+@_FAILED_READ_NOISE
+@pytest.mark.parametrize(
+  "corrupt",
+  [
+    _garbage_in_middle,
+    _flip_one_bit,
+    _truncate_largest,
+    _delete_largest,
+    _edit_meta,
+    _delete_manifest,
+  ],
+)
+def test_corruption_in_place_falls_back_bit_for_bit(tmp_path, key, corrupt):
+  states = {}
+  with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
+    for s in (1, 2, 3):
+      states[s] = _big_state(key, s)
+      ckpt.save(s, state=states[s], key=jax.random.fold_in(key, 100 + s), meta={"pos": 10 * s})
+  assert (tmp_path / "3" / "integrity_files.json").exists()
+  damaged = corrupt(tmp_path / "3").relative_to(tmp_path / "3")
+  with Checkpointer(tmp_path) as ckpt:
+    with pytest.warns(CorruptCheckpointWarning, match=str(tmp_path / "3")) as record:
+      restored = ckpt.restore(abstract_state=states[3])
+    # The warning names the step and the file that changed.
+    message = str(record[0].message)
+    assert "files changed since the save: " in message and f"{damaged} (" in message
+    assert restored.meta == {"step": 2, "pos": 20}
+    _assert_bit_identical(restored.state, states[2])
+    np.testing.assert_array_equal(
+      jax.random.key_data(restored.key), jax.random.key_data(jax.random.fold_in(key, 102))
+    )
+    assert (tmp_path / "3.corrupt").is_dir() and ckpt.latest_step() == 2
+
+
+@_FAILED_READ_NOISE
+def test_without_manifest_check_a_bit_flip_goes_unnoticed(tmp_path, key):
+  # Why the manifest exists: Orbax alone reads the damaged step 3 as if it were intact.
+  with Checkpointer(tmp_path, max_to_keep=None) as ckpt:
+    for s in (2, 3):
+      ckpt.save(s, state=_big_state(key, s))
+  flipped = _flip_one_bit(tmp_path / "3").relative_to(tmp_path / "3")
+  with Checkpointer(tmp_path, integrity=False) as ckpt:
+    unchecked = ckpt.restore(abstract_state=_big_state(key, 3))
+  assert unchecked.meta["step"] == 3
+  assert not np.array_equal(unchecked.state["w"], _big_state(key, 3)["w"])
+  with Checkpointer(tmp_path) as ckpt:
+    with pytest.raises(CorruptCheckpointError, match="state/w: contents") as info:
+      ckpt.restore(3, abstract_state=_big_state(key, 3))
+  assert info.value.__notes__ == [f"Files changed since the save: {flipped} (contents changed)"]
+
+
+def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
+  from es_jax import checkpoint
+
+  x = jax.random.normal(key, (16, 8), jnp.float32)
+  mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
+  sharded = jax.device_put(x, jax.NamedSharding(mesh, jax.P("pop")))
+  plain = checkpoint._tree_manifest({"x": x, "b": x.astype(jnp.bfloat16), "k": True})
+  assert checkpoint._tree_manifest({"x": sharded})["x"] == plain["x"]
+  # Leaves on different devices (a mesh and one other device) are digested separately.
+  mixed = checkpoint._tree_manifest({"x": sharded, "y": jax.device_put(x, jax.devices()[3])})
+  assert mixed["x"] == mixed["y"] == plain["x"]
+  bits = np.asarray(x).view(np.uint32).copy()
+  bits[5, 3] ^= 1 << 31
+  flipped = checkpoint._tree_manifest({"x": jnp.asarray(bits.view(np.float32))})
+  assert flipped["x"]["digest"] != plain["x"]["digest"]
+  assert plain["b"]["dtype"] == "bfloat16" and plain["k"]["shape"] == []

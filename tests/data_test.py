@@ -48,7 +48,9 @@ def test_gsm8k_gold_after_marker_in_file_order(tmp_path):
   assert first["solution"] == "2+2=<<2+2=4>>4"
   assert all(isinstance(v, str) for v in first.values())
   # The prepared data is ordinary TFDS array_record data, readable by name without TensorFlow.
-  source = tfds.data_source("gsm8k", data_dir=str(tmp_path / "tfds"))["test"]
+  prepared = examples.source["prepared_dir"]
+  assert prepared.startswith(str(tmp_path / "tfds" / "by_source" / "gsm8k" / "src-"))
+  source = tfds.data_source("gsm8k", data_dir=prepared.split("/gsm8k/1.0.0")[0])["test"]
   assert len(source) == 3 and source[1]["answer"] == b"1234"
 
 
@@ -105,6 +107,58 @@ def test_changed_source_files_are_prepared_again(tmp_path):
   assert [e["answer"] for e in load(tmp_path, "gsm8k", "test")] == ["1234", "-3.5"]
   # Without source_dir, what is prepared is read as it is.
   assert len(data.load_task("gsm8k", "test", data_dir=str(tmp_path / "tfds"))) == 2
+
+
+def test_prepared_data_is_keyed_by_source_dir(tmp_path):
+  tfds_dir = str(tmp_path / "tfds")
+  write(tmp_path / "a/test.jsonl", jsonl(GSM8K_ROWS[:1]))
+  write(tmp_path / "b/test.jsonl", jsonl(GSM8K_ROWS[1:]))
+  a = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  assert [e["answer"] for e in a] == ["4"]
+  # Without source_dir, the one prepared copy is used.
+  assert [e["answer"] for e in data.load_task("gsm8k", "test", data_dir=tfds_dir)] == ["4"]
+  b = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "b"))
+  assert [e["answer"] for e in b] == ["1234", "-3.5"]
+  # Preparing b did not touch a's copy, and the examples say where they come from.
+  again = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  assert [e["answer"] for e in again] == ["4"]
+  assert again.source["source_dir"] == str(tmp_path / "a") and again.source["rows"] == 1
+  assert again.source["files"][0][0] == "test.jsonl" and len(again.source["files"][0][1]) == 64
+  assert a.source["prepared_dir"] != b.source["prepared_dir"]
+  with pytest.raises(ValueError, match=f"2 source directories.*{tmp_path / 'a'}.*source_dir="):
+    data.load_task("gsm8k", "test", data_dir=tfds_dir)
+  # No temporary directory is left behind.
+  base = tmp_path / "tfds" / "by_source" / "gsm8k"
+  assert sorted(p.name[:2] for p in base.iterdir()) == ["a-", "b-"]
+
+
+def test_limit_beyond_the_data_warns(tmp_path):
+  write(tmp_path / "src/test.jsonl", jsonl(GSM8K_ROWS))
+  with pytest.warns(data.DataSmallerThanLimitWarning, match="limit=10 but .* only 3"):
+    examples = load(tmp_path, "gsm8k", "test", limit=10)
+  assert len(examples) == 3 and examples.source["limit"] == 10 and examples.source["used"] == 3
+  assert len(load(tmp_path, "gsm8k", "test", limit=2)) == 2
+
+
+def test_concurrent_preparations_of_two_sources_do_not_mix(tmp_path):
+  import concurrent.futures
+
+  from es_jax.data import builders
+
+  rows = {d: [{"question": f"{d}{i}", "answer": f"#### {i}"} for i in range(20)] for d in "ab"}
+  for d, r in rows.items():
+    write(tmp_path / d / "test.jsonl", jsonl(r))
+  tfds_dir = str(tmp_path / "tfds")
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    futures = {
+      d: pool.submit(builders.prepare, "gsm8k", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+      for d in "ab"
+    }
+    for f in futures.values():
+      f.result()
+  for d in "ab":
+    examples = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+    assert [e["prompt"] for e in examples] == [r["question"] for r in rows[d]]
 
 
 def test_unknown_or_missing_things_are_explained(tmp_path):
@@ -437,3 +491,83 @@ def test_task_names_match_the_builders_and_importing_es_jax_skips_tfds():
   code = "import sys, es_jax; print('tensorflow_datasets' in sys.modules)"
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+# --- rows that cannot be read: bytes, surrogates, nesting, huge integers --------------------------
+
+_GOOD = json.dumps(GSM8K_ROWS[0]).encode()
+_BAD_LINES = {
+  "non_utf8": (b'{"question": "caf\xe9?", "answer": "#### 1"}', "<row>", "not UTF-8: byte 0xe9"),
+  "surrogate": (b'{"question": "x\\ud800y", "answer": "#### 1"}', "question", "lone surrogate"),
+  "nested": (b'{"question": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "<row>", "nested too"),
+  "huge_int": (b'{"question": "q", "answer": ' + b"7" * 5000 + b"}", "answer", "5000 digits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_LINES))
+def test_unreadable_jsonl_rows_name_file_and_line(tmp_path, case):
+  bad, field, reason = _BAD_LINES[case]
+  path = tmp_path / "src" / "test.jsonl"
+  path.parent.mkdir(parents=True)
+  path.write_bytes(b"\n".join([_GOOD, bad, _GOOD]) + b"\n")
+  with pytest.raises(data.BadRowError, match=f"line 2: field '{re.escape(field)}'.*{reason}") as e:
+    load(tmp_path, "gsm8k", "test")
+  assert e.value.path == str(path)
+  examples = load(tmp_path, "gsm8k", "test", on_bad_row="skip")
+  assert len(examples) == 2 and examples.num_skipped == 1
+
+
+def test_unreadable_rows_in_json_lists_and_csv(tmp_path):
+  # A JSON list: bytes that are not UTF-8 and huge integers are per-row (skippable) errors.
+  rows = [
+    b'{"problem": "p1", "answer": "1", "solution": "s"}',
+    b'{"problem": "\xff\xfe", "answer": "2", "solution": "s"}',
+    b'{"problem": "p3", "answer": ' + b"9" * 5000 + b', "solution": "s"}',
+    b'{"problem": "p4", "answer": "4", "solution": "s"}',
+  ]
+  (tmp_path / "ds").mkdir()
+  (tmp_path / "ds" / "deepscaler.json").write_bytes(b"[\n" + b",\n".join(rows) + b"\n]\n")
+  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "ds")}
+  with pytest.raises(data.BadRowError, match="deepscaler.json, line 3: field 'problem': not valid"):
+    data.load_task("deepscaler", "train", **kwargs)
+  examples = data.load_task("deepscaler", "train", on_bad_row="skip", **kwargs)
+  assert [e["answer"] for e in examples] == ["1", "4"]
+  assert [(b.line, b.field) for b in examples.bad_rows] == [(3, "problem"), (4, "answer")]
+  # Too deeply nested: the rest of the list cannot be found, so this one cannot be skipped.
+  deep = b'{"problem": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+  (tmp_path / "ds" / "deepscaler.json").write_bytes(b"[\n" + rows[0] + b",\n" + deep + b"\n]")
+  with pytest.raises(data.BadRowError, match="deepscaler.json, line 3: .*nested too deeply"):
+    data.load_task("deepscaler", "train", on_bad_row="skip", **kwargs)
+  # CSV: a byte that is not UTF-8 and an integer beyond int64 name their record's line.
+  header = "Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,Incorrect Answer 3"
+  lines = [header.encode(), b"Q1,a,b,c,d", b"Q\xe92,a,b,c,d", b"Q3,a,b,c,d"]
+  (tmp_path / "gpqa").mkdir()
+  (tmp_path / "gpqa" / "gpqa_diamond.csv").write_bytes(b"\n".join(lines) + b"\n")
+  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "gpqa")}
+  with pytest.raises(data.BadRowError, match="gpqa_diamond.csv, line 3: field 'Question'"):
+    data.load_task("gpqa", "diamond", **kwargs)
+  assert len(data.load_task("gpqa", "diamond", on_bad_row="skip", **kwargs)) == 2
+
+
+def test_countdown_integer_beyond_int64_is_a_bad_field(tmp_path):
+  rows = [{"nums": [1, 2], "target": 3}, {"nums": [1, 2], "target": 10**30}]
+  write(tmp_path / "src/test.jsonl", jsonl(rows))
+  with pytest.raises(data.BadRowError, match="line 2: field 'target'"):
+    load(tmp_path, "countdown", "test")
+
+
+def test_on_bad_row_from_the_config_section(tmp_path):
+  from experiments import train_lib
+
+  write(tmp_path / "src/test.jsonl", jsonl([GSM8K_ROWS[0], {"question": "q"}, GSM8K_ROWS[1]]))
+  section = {
+    "task": "gsm8k",
+    "split": "test",
+    "data_dir": str(tmp_path / "tfds"),
+    "source_dir": str(tmp_path / "src"),
+    "on_bad_row": "raise",
+  }
+  with pytest.raises(data.BadRowError, match="line 2"):
+    train_lib.load_examples(section, "data")
+  examples = train_lib.load_examples({**section, "on_bad_row": "skip"}, "data")
+  assert len(examples) == 2 and examples.num_skipped == 1

@@ -157,6 +157,12 @@ def test_config_and_versions_files(tmp_path):
   assert versions["backend"] == "cpu" and versions["device_kind"]
   for name in ("flax", "optax", "orbax-checkpoint", "numpy"):
     assert versions[name], name
+  assert "data" not in versions
+  sources = {"data": {"task": "gsm8k", "source_dir": "/d", "rows": np.int64(7), "used": 5}}
+  with RunLogger(tmp_path / "b", tensorboard=False, data_sources=sources):
+    pass
+  data = json.loads((tmp_path / "b" / VERSIONS_FILE).read_text())["data"]
+  assert data == {"data": {"task": "gsm8k", "source_dir": "/d", "rows": 7, "used": 5}}
   # Resuming with a changed config keeps the old one and says which field changed.
   config.es.sigma = 3e-3
   with pytest.warns(UserWarning, match="'es'"):

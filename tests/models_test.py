@@ -1,6 +1,7 @@
 """Model and loader tests: logits against transformers' PyTorch models, GGUF, bad input."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -308,13 +309,71 @@ def test_load_hf_errors_name_the_problem(hf_checkpoint, tmp_path):
     (bad / f.name).write_bytes(f.read_bytes())
   with pytest.raises(
     ValueError,
-    match=r"'layers.w_gate' has shape \(2, 64, 128\), expected "
-    r"\(2, 64, 96\)",
+    match=r"model.safetensors: tensor 'model.layers.0.mlp.gate_proj.weight' has shape "
+    r"\(128, 64\), expected \(96, 64\)",
   ):
     load_hf(bad, tokenizer=False)
   (bad / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "hidden_size"}))
   with pytest.raises(ValueError, match="'hidden_size' is missing"):
     load_hf(bad)
+
+
+def _copy_checkpoint(src, dst, tensors=None):
+  """src's config and weights in dst, with `tensors` (name -> array) replaced."""
+  from safetensors.numpy import load_file, save_file
+
+  dst.mkdir()
+  (dst / "config.json").write_bytes((src / "config.json").read_bytes())
+  (f,) = src.glob("*.safetensors")
+  weights = load_file(str(f))
+  for name, fix in (tensors or {}).items():
+    weights[name] = fix(weights[name])
+  save_file(weights, str(dst / f.name), metadata={"format": "pt"})
+  return dst / f.name
+
+
+def test_load_hf_refuses_nonfinite_bad_dtype_and_truncated_files(hf_checkpoint, tmp_path):
+  _, _, path = hf_checkpoint
+  name = "model.layers.1.self_attn.v_proj.weight"
+
+  def with_nan(w):
+    w = w.copy()
+    w[3, 5] = np.nan
+    w[4, 0] = np.inf
+    return w
+
+  f = _copy_checkpoint(path, tmp_path / "nan", {name: with_nan})
+  with pytest.raises(ValueError, match=f"{f}: tensor '{name}' holds 2 NaN/inf .* index \\(3, 5\\)"):
+    load_hf(tmp_path / "nan", tokenizer=False)
+  f = _copy_checkpoint(path, tmp_path / "int", {name: lambda w: w.astype(np.int32)})
+  with pytest.raises(ValueError, match=f"{f}: tensor '{name}' has dtype int32"):
+    load_hf(tmp_path / "int", tokenizer=False)
+  f = _copy_checkpoint(path, tmp_path / "cut")
+  os.truncate(f, f.stat().st_size // 2)
+  with pytest.raises(ValueError, match=f"{f}: not a readable safetensors file"):
+    load_hf(tmp_path / "cut", tokenizer=False)
+
+
+def test_load_gguf_refuses_truncated_files_and_nonfinite_weights(llama_ref, tmp_path):
+  path = tmp_path / "tiny.gguf"
+  write_tiny_gguf(path, llama_ref, tiny_tokenizer())
+  data = path.read_bytes()
+  for keep in (len(data) - 100, len(data) // 2, 200, 20):
+    cut = tmp_path / f"cut_{keep}.gguf"
+    cut.write_bytes(data[:keep])
+    with pytest.raises(ValueError, match=f"{cut}: .*(truncated|not a readable GGUF)"):
+      load_gguf(cut)
+  # A NaN in a weight names the GGUF tensor it came from.
+  from gguf import GGUFReader
+
+  reader = GGUFReader(str(path))
+  (t,) = [t for t in reader.tensors if t.name == "blk.1.ffn_up.weight"]
+  nan = bytearray(data)
+  nan[t.data_offset + 8 : t.data_offset + 12] = np.float32(np.nan).tobytes()
+  bad = tmp_path / "nan.gguf"
+  bad.write_bytes(bytes(nan))
+  with pytest.raises(ValueError, match=r"GGUF tensor blk.1.ffn_up.weight\): tensor .* NaN/inf"):
+    load_gguf(bad)
 
 
 def test_load_gguf_missing_file(tmp_path):

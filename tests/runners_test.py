@@ -83,6 +83,11 @@ def _assert_run_outputs(workdir, ckpt_dir):
     assert os.path.getsize(os.path.join(workdir, name)) > 1000
   assert os.path.exists(os.path.join(workdir, "hf", "config.json"))
   assert json.load(open(os.path.join(workdir, "config.json")))["method"]
+  # Where the examples came from: source directory, the files' SHA-256, rows used.
+  sources = json.load(open(os.path.join(workdir, "versions.json")))["data"]
+  assert sources["data"]["used"] > 0 and sources["eval"]["used"] > 0
+  for s in sources.values():
+    assert s.get("generator") == "reasoning_gym" or (s["source_dir"] and s["rows"] >= s["used"])
   return rows
 
 
@@ -319,6 +324,37 @@ def _start_and_signal(workdir, sig, *overrides, after_step=1, timeout=300):
     time.sleep(0.05)
   proc.send_signal(sig)
   return proc
+
+
+def test_second_run_on_a_workdir_in_use_is_refused(tmp_path):
+  workdir = str(tmp_path)
+  first = subprocess.Popen(
+    _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
+    cwd=ROOT,
+    env=_env(),
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    lock = os.path.join(workdir, "run.lock")
+    deadline = time.monotonic() + 120
+    while not (os.path.exists(lock) and os.path.getsize(lock)):
+      assert first.poll() is None and time.monotonic() < deadline, "first run never locked"
+      time.sleep(0.05)
+    second = subprocess.run(
+      _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
+      cwd=ROOT,
+      env=_env(),
+      capture_output=True,
+      text=True,
+      timeout=120,
+    )
+    assert second.returncode != 0
+    assert "WorkdirLockedError" in second.stderr and f"pid {first.pid} on host" in second.stderr
+    assert first.poll() is None  # the first run goes on
+  finally:
+    first.kill()
+    first.wait()
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ reasoning-gym, ...). `format_prompt` turns an example into the model's input tex
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +37,7 @@ __all__ = [
   "TASKS",
   "BadRowError",
   "FieldError",
+  "DataSmallerThanLimitWarning",
   "TaskExamples",
   "build_messages",
   "format_prompt",
@@ -62,6 +64,10 @@ TASKS = (
 DEFAULT_GYM_SIZE = 1000
 
 
+class DataSmallerThanLimitWarning(UserWarning):
+  """A task split holds fewer examples than the `limit` asked for."""
+
+
 class TaskExamples(Sequence):
   """A read-only, random-access list of examples, decoded on access.
 
@@ -70,6 +76,9 @@ class TaskExamples(Sequence):
     split: the split.
     num_skipped: bad rows skipped (on_bad_row="skip"); 0 otherwise.
     bad_rows: the skipped rows' `BadRowError`s (at most `builders.MAX_STORED_BAD_ROWS`).
+    source: where the examples come from, JSON-serialisable: task, split, rows (in the split),
+      limit, used (= len), and for file datasets source_dir, prepared_dir and the source files'
+      SHA-256 ("files"); for reasoning-gym the seed.
   """
 
   def __init__(
@@ -81,8 +90,10 @@ class TaskExamples(Sequence):
     get: Callable[[int], dict[str, Any]],
     num_skipped: int = 0,
     bad_rows: Sequence[BadRowError] = (),
+    source: dict[str, Any] | None = None,
   ):
     self.task, self.split = task, split
+    self.source = {"task": task, "split": split, **(source or {}), "used": length}
     self.num_skipped, self.bad_rows = num_skipped, list(bad_rows)
     self._length, self._get = length, get
 
@@ -123,9 +134,11 @@ def load_task(
     data_dir: where prepared TFDS data lives (None: TFDS's default). Ignored for reasoning-gym.
     source_dir: the directory with this dataset's downloaded original files (one directory per
       dataset: file names such as test.jsonl are shared). When given, the files are hashed and
-      the dataset is prepared from them unless `data_dir` already holds exactly these files.
-      None reads what `data_dir` holds.
-    limit: keep the first `limit` examples (file order). For reasoning-gym, the number of
+      the dataset is prepared from them (into a directory of `data_dir` keyed by `source_dir`)
+      unless that directory already holds exactly these files. None reads the one copy
+      prepared in `data_dir`, and refuses when copies from several source directories exist.
+    limit: keep the first `limit` examples (file order); a split with fewer examples gives a
+      `DataSmallerThanLimitWarning`. For reasoning-gym, the number of
       problems to generate (default `DEFAULT_GYM_SIZE`).
     seed: seeds GPQA's per-row option shuffle and reasoning-gym's generator.
     on_bad_row: "raise" to raise the first bad row's `BadRowError` (a ValueError naming file,
@@ -157,6 +170,7 @@ def load_task(
       split=split,
       length=size,
       get=lambda i: gym.gym_example(dataset, i, task=task, split=split),
+      source={"generator": "reasoning_gym", "seed": seed, "rows": size, "limit": limit},
     )
   if name not in TASKS:
     raise ValueError(
@@ -168,6 +182,12 @@ def load_task(
 
   builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir)
   metadata = builder.info.metadata
+  origin = {
+    "source_dir": metadata.get("source_dir"),
+    "prepared_dir": str(builder.data_dir),
+    "files": metadata.get("sources", {}).get(split, []),
+    "limit": limit,
+  }
   num_bad = metadata.get("num_bad_rows", {}).get(split, 0)
   bad_rows = [BadRowError.from_dict(r) for r in metadata.get("bad_rows", {}).get(split, [])]
   prepared = set(builder.info.splits.keys())
@@ -195,14 +215,33 @@ def load_task(
     if not num_bad:
       raise ValueError(f"load_task: {name}/{split} has no rows ({builders.expected_files(name)})")
     return TaskExamples(
-      task=name, split=split, length=0, get=None, num_skipped=num_bad, bad_rows=bad_rows
+      task=name,
+      split=split,
+      length=0,
+      get=None,
+      num_skipped=num_bad,
+      bad_rows=bad_rows,
+      source={**origin, "rows": 0},
     )
   source = builder.as_data_source(split=split)
   length = len(source) if limit is None else min(limit, len(source))
+  if limit is not None and limit > len(source):
+    message = (
+      f"{name}/{split}: limit={limit} but the split has only {len(source)} example(s) (from "
+      f"{origin['source_dir']}); using {len(source)}."
+    )
+    log.warning(message)
+    warnings.warn(message, DataSmallerThanLimitWarning, stacklevel=2)
 
   def get(index: int) -> dict[str, Any]:
     return formats.finalize(name, builders.to_python(source[index]), seed=seed)
 
   return TaskExamples(
-    task=name, split=split, length=length, get=get, num_skipped=num_bad, bad_rows=bad_rows
+    task=name,
+    split=split,
+    length=length,
+    get=get,
+    num_skipped=num_bad,
+    bad_rows=bad_rows,
+    source={**origin, "rows": len(source)},
   )

@@ -75,15 +75,20 @@ def _integer(row: dict, *names: str, required: bool = True, default: int = 0) ->
 
 
 def _as_int(value: Any) -> int:
+  """An int64 from an int, an integral float or a string of digits; ValueError otherwise."""
   if isinstance(value, bool):
     raise ValueError(value)
   if isinstance(value, int):
-    return value
-  if isinstance(value, float) and value.is_integer():
-    return int(value)
-  if isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d+\s*", value):
-    return int(value)
-  raise ValueError(value)
+    number = value
+  elif isinstance(value, float) and value.is_integer():
+    number = int(value)
+  elif isinstance(value, str) and re.fullmatch(r"\s*[-+]?\d{1,30}\s*", value):
+    number = int(value)
+  else:
+    raise ValueError(value)
+  if not -(2**63) <= number < 2**63:  # stored as int64
+    raise ValueError(value)
+  return number
 
 
 def _text_list(row: dict, *names: str, required: bool = True) -> list[str]:

@@ -2,9 +2,11 @@
 
 Each reader yields `(location, row)` pairs in file order, where `location` is the 1-based line of
 the row's start (JSONL, JSON lists, CSV) or its 1-based row number (Parquet), and `row` is the
-parsed mapping or a `FieldError` when the row itself cannot be parsed (invalid JSON, not an
-object). Turning a row into an example, and deciding whether a bad row raises or is skipped, is
-the caller's business; readers never drop a row.
+parsed mapping or a `FieldError` when the row itself cannot be used: invalid JSON, not an object,
+bytes that are not UTF-8, a lone surrogate escape ("\\ud800"), nesting too deep to parse, or an
+integer with more digits than Python converts (`sys.get_int_max_str_digits`, 4300 by default).
+Turning a row into an example, and deciding whether a bad row raises or is skipped, is the
+caller's business; readers never drop a row.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,22 +86,81 @@ class BadRowError(ValueError):
     )
 
 
+class _LongInt(str):
+  """A JSON integer with more digits than `int()` accepts, kept as its text to be reported."""
+
+
+def _parse_int(text: str) -> int | _LongInt:
+  limit = sys.get_int_max_str_digits()
+  if limit and len(text) - text.startswith("-") > limit:
+    return _LongInt(text)
+  return int(text)
+
+
+def _bad_value(value: Any) -> str | None:
+  """Why a parsed value cannot be stored, or None."""
+  if isinstance(value, _LongInt):
+    return f"an integer with {len(value.lstrip('-'))} digits (more than Python converts)"
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError as e:
+      code = ord(value[e.start])
+      what = f"byte 0x{code - 0xDC00:02x} that is not UTF-8" if code >= 0xDC80 else "lone surrogate"
+      return f"not valid UTF-8 text: a {what} (\\u{code:04x}) at character {e.start + 1}"
+  return None
+
+
+def _check_row(row: dict) -> dict | FieldError:
+  """`row`, or a FieldError naming the first field holding unusable text or a huge integer."""
+  stack: list[tuple[str, Any]] = [(str(k), v) for k, v in reversed(row.items())]
+  while stack:  # iterative: values may nest deeply
+    name, value = stack.pop()
+    if isinstance(value, dict):
+      stack.extend((f"{name}.{k}", v) for k, v in reversed(value.items()))
+    elif isinstance(value, list):
+      stack.extend((f"{name}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    else:
+      if isinstance(name, str) and (reason := _bad_value(name)):
+        return FieldError("<row>", f"a field name is {reason}")
+      if reason := _bad_value(value):
+        return FieldError(name, reason)
+  return row
+
+
 def _as_row(value: Any) -> Any:
   if isinstance(value, dict):
-    return value
+    return _check_row(value)
   return FieldError("<row>", f"expected a JSON object, got {type(value).__name__}")
+
+
+def _loads(text: str) -> Any:
+  """`json.loads`, huge integers kept as `_LongInt`; FieldError for what cannot be parsed."""
+  try:
+    return _as_row(json.loads(text, parse_int=_parse_int))
+  except json.JSONDecodeError as e:
+    return FieldError("<row>", f"invalid JSON ({e.msg} at column {e.colno})")
+  except RecursionError:
+    return FieldError("<row>", "JSON nested too deeply to parse")
+  except ValueError as e:  # any other parse failure
+    return FieldError("<row>", f"invalid JSON ({e})")
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
   """Yields `(line, row)` for each non-blank line of a JSON-lines file."""
-  with open(path, encoding="utf-8") as f:
-    for line_number, line in enumerate(f, start=1):
+  with open(path, "rb") as f:
+    for line_number, raw in enumerate(f, start=1):
+      if line_number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # a UTF-8 byte order mark
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        reason = f"not UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start + 1} of the line"
+        yield line_number, FieldError("<row>", reason)
+        continue
       if not line.strip():
         continue
-      try:
-        yield line_number, _as_row(json.loads(line))
-      except json.JSONDecodeError as e:
-        yield line_number, FieldError("<row>", f"invalid JSON ({e.msg} at column {e.colno})")
+      yield line_number, _loads(line)
 
 
 def read_json(path: Path) -> Iterator[tuple[int, Any]]:
@@ -108,7 +170,8 @@ def read_json(path: Path) -> Iterator[tuple[int, Any]]:
     BadRowError: the list itself is malformed, so that no later row can be found (this cannot be
       skipped).
   """
-  text = Path(path).read_text(encoding="utf-8")
+  # Bytes that are not UTF-8 become lone surrogates, reported by the row they are in.
+  text = Path(path).read_bytes().decode("utf-8", errors="surrogateescape").removeprefix("\ufeff")
   pos = _WHITESPACE.match(text, 0).end()
   if text.startswith("{", pos):  # Some ".json" downloads are JSON lines.
     yield from read_jsonl(path)
@@ -120,7 +183,7 @@ def read_json(path: Path) -> Iterator[tuple[int, Any]]:
       field="<file>",
       reason="expected a JSON list of objects (or JSON lines)",
     )
-  decoder = json.JSONDecoder()
+  decoder = json.JSONDecoder(parse_int=_parse_int)
   line, counted = 1, 0
   pos += 1
   while True:
@@ -138,6 +201,14 @@ def read_json(path: Path) -> Iterator[tuple[int, Any]]:
         field="<row>",
         reason=f"invalid JSON ({e.msg} at column {e.colno}); the rest of the list cannot be read",
       ) from e
+    except (RecursionError, ValueError) as e:
+      why = "nested too deeply to parse" if isinstance(e, RecursionError) else f"invalid ({e})"
+      raise BadRowError(
+        path=str(path),
+        line=line,
+        field="<row>",
+        reason=f"list element is {why}; the rest of the list cannot be read",
+      ) from e
     yield line, _as_row(value)
     pos = _WHITESPACE.match(text, pos).end()
     if text.startswith(",", pos):
@@ -153,7 +224,8 @@ def read_json(path: Path) -> Iterator[tuple[int, Any]]:
 
 def read_csv(path: Path) -> Iterator[tuple[int, Any]]:
   """Yields `(line, row)` for each record of a CSV file with a header (records may span lines)."""
-  with open(path, encoding="utf-8", newline="") as f:
+  # Bytes that are not UTF-8 become lone surrogates, reported by the row they are in.
+  with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
     reader = csv.DictReader(f)
     while True:
       start = reader.line_num + 1
@@ -164,7 +236,7 @@ def read_csv(path: Path) -> Iterator[tuple[int, Any]]:
       except csv.Error as e:
         yield start, FieldError("<row>", f"invalid CSV ({e})")
         continue
-      yield start, row
+      yield start, _check_row(row)
 
 
 def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
@@ -179,7 +251,7 @@ def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
   for batch in pq.ParquetFile(path).iter_batches():
     for row in batch.to_pylist():
       row_number += 1
-      yield row_number, row
+      yield row_number, _check_row(row)
 
 
 def read_rows(path: Path) -> tuple[str, Iterator[tuple[int, Any]]]:

@@ -95,19 +95,40 @@ def read_gguf_tensors(reader, path: str) -> dict[str, np.ndarray]:
   from gguf.quants import dequantize
 
   out = {}
+  size = os.path.getsize(path)
   for t in reader.tensors:
     qtype = GGMLQuantizationType(t.tensor_type)
     if qtype.name not in SUPPORTED_TYPES:
       raise ValueError(
         f"{path}: tensor {t.name!r} has type {qtype.name}; supported: {SUPPORTED_TYPES}."
       )
-    w = dequantize(t.data, qtype).astype(np.float32)
+    end = int(t.data_offset) + int(t.n_bytes)
+    if end > size or t.data.nbytes != int(t.n_bytes):
+      raise ValueError(
+        f"{path}: tensor {t.name!r} needs bytes up to {end}, the file has {size}: truncated."
+      )
+    try:
+      w = dequantize(t.data, qtype).astype(np.float32)
+    except (ValueError, IndexError) as e:
+      raise ValueError(f"{path}: tensor {t.name!r} cannot be dequantised ({e}).") from e
     # GGUF lists dims fastest-first; row-major numpy wants them reversed: [out, in].
     shape = tuple(int(d) for d in reversed(t.shape))
     if w.size != int(np.prod(shape)):
       raise ValueError(f"{path}: tensor {t.name!r} has {w.size} values, shape says {shape}.")
     out[t.name] = w.reshape(shape)
   return out
+
+
+def open_gguf(path: str):
+  """A `gguf.GGUFReader` of `path`; a file it cannot parse is a ValueError naming the file."""
+  from gguf import GGUFReader
+
+  try:
+    return GGUFReader(path)
+  except Exception as e:  # noqa: BLE001 - a truncated file gives IndexError, struct errors, ...
+    raise ValueError(
+      f"{path}: not a readable GGUF file (truncated or corrupt?): {type(e).__name__}: {e}"
+    ) from e
 
 
 def tokenizer_from_gguf(reader):
@@ -160,18 +181,17 @@ def load_gguf(path: str | os.PathLike, *, dtype: str = "float32"):
   Returns (Transformer, tokenizer). Llama GGUFs carry llama.cpp's Q/K row permutation; it is
   undone here so the same rotate-half RoPE serves HF and GGUF weights.
   """
-  from gguf import GGUFReader
-
   path = str(path)
   if not Path(path).exists():
     raise FileNotFoundError(f"{path}: GGUF file not found.")
-  reader = GGUFReader(path)
+  reader = open_gguf(path)
   config = config_from_gguf(reader, path).replace(dtype=dtype)
   raw = read_gguf_tensors(reader, path)
-  hf = {}
+  hf, files = {}, {}
   for name, w in raw.items():
     if name in _GLOBAL_NAMES:
       hf[_GLOBAL_NAMES[name]] = w
+      files[_GLOBAL_NAMES[name]] = f"{path} (GGUF tensor {name})"
       continue
     parts = name.split(".", 2)
     if parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
@@ -182,8 +202,9 @@ def load_gguf(path: str | os.PathLike, *, dtype: str = "float32"):
       w = unpermute_qk(w, config.num_heads)
     elif config.architecture == "llama" and parts[2] == "attn_k.weight":
       w = unpermute_qk(w, config.num_kv_heads)
-    hf[f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"] = w
-  params = params_from_hf_tensors(hf, config, path)
+    hf_name = f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    hf[hf_name], files[hf_name] = w, f"{path} (GGUF tensor {name})"
+  params = params_from_hf_tensors(hf, config, path, files)
   return from_params(config, params), tokenizer_from_gguf(reader)
 
 
@@ -210,9 +231,7 @@ def default_tokenizer():
   Cached per process (parsing the GGUF metadata takes seconds): callers share one tokenizer and
   must not modify it.
   """
-  from gguf import GGUFReader
-
-  return tokenizer_from_gguf(GGUFReader(os.fspath(default_gguf_path())))
+  return tokenizer_from_gguf(open_gguf(os.fspath(default_gguf_path())))
 
 
 def load_default(*, dtype: str = "float32") -> tuple[Transformer, object]:

@@ -11,7 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from es_jax.models.config import ModelConfig, RopeScaling
-from es_jax.models.transformer import Params, Transformer, check_param_shapes, from_params
+from es_jax.models.transformer import (
+  Params,
+  Transformer,
+  check_param_shapes,
+  from_params,
+  param_shapes,
+)
 
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 
@@ -114,47 +120,90 @@ def config_to_hf(config: ModelConfig, dtype: str = "float32") -> dict[str, Any]:
   return hf
 
 
-def _read_safetensors(path: Path) -> dict[str, np.ndarray]:
+def _read_safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+  """Every tensor of the directory's *.safetensors files as float32, and the file of each."""
   from safetensors import safe_open
 
   files = sorted(path.glob("*.safetensors"))
   if not files:
     raise FileNotFoundError(f"{path}: no *.safetensors files (need config.json + weights).")
   tensors: dict[str, np.ndarray] = {}
+  origin: dict[str, str] = {}
   for f in files:
-    # framework="flax" reads bfloat16 too (numpy has no bf16); to host numpy as float32.
-    with safe_open(str(f), framework="flax") as fh:
-      for name in fh.keys():
-        tensors[name] = np.asarray(fh.get_tensor(name), dtype=np.float32)
-  return tensors
+    try:
+      # framework="flax" reads bfloat16 too (numpy has no bf16); to host numpy as float32.
+      with safe_open(str(f), framework="flax") as fh:
+        for name in fh.keys():
+          if name in origin:
+            raise ValueError(f"{f}: tensor {name!r} is also in {origin[name]}.")
+          t = fh.get_tensor(name)
+          if not jnp.issubdtype(t.dtype, jnp.floating):
+            raise ValueError(f"{f}: tensor {name!r} has dtype {t.dtype}; expected floats.")
+          tensors[name], origin[name] = np.asarray(t, dtype=np.float32), str(f)
+    except ValueError:
+      raise
+    except Exception as e:  # noqa: BLE001 - safetensors' errors do not name the file
+      raise ValueError(
+        f"{f}: not a readable safetensors file (truncated or corrupt?): {type(e).__name__}: {e}"
+      ) from e
+  return tensors, origin
+
+
+def check_finite(name: str, t: np.ndarray, where: str) -> None:
+  """Raises ValueError naming tensor `name` of `where` if it holds NaN or ±inf."""
+  ok = np.isfinite(t)
+  if not ok.all():
+    bad = np.argwhere(~ok)
+    first = tuple(int(i) for i in bad[0])
+    raise ValueError(
+      f"{where}: tensor {name!r} holds {len(bad)} NaN/inf value(s) (first at index {first}, "
+      f"{t[first]}); the checkpoint is corrupt or was saved after a diverged update."
+    )
 
 
 def params_from_hf_tensors(
-  tensors: dict[str, np.ndarray], config: ModelConfig, source: str = "checkpoint"
+  tensors: dict[str, np.ndarray],
+  config: ModelConfig,
+  source: str = "checkpoint",
+  files: dict[str, str] | None = None,
 ) -> Params:
-  """Maps HF-named tensors ([out, in] layout) to the stacked es_jax params dict."""
+  """Maps HF-named tensors ([out, in] layout) to the stacked es_jax params dict.
+
+  Every tensor used is checked for its shape under `config` and for NaN/inf; errors name the
+  tensor and its file (`files[name]`, else `source`).
+  """
   c = config
   dtype = c.jnp_dtype
+  shapes = param_shapes(c)
+  files = files or {}
 
-  def take(name):
+  def take(name, ours_shape, transpose=False):
+    where = files.get(name, source)
     if name not in tensors:
       raise ValueError(f"{source}: tensor {name!r} is missing.")
-    return tensors[name]
+    t = tensors[name]
+    want = tuple(reversed(ours_shape)) if transpose else tuple(ours_shape)
+    if tuple(t.shape) != want:
+      raise ValueError(
+        f"{where}: tensor {name!r} has shape {tuple(t.shape)}, expected {want} for this config."
+      )
+    check_finite(name, t, where)
+    return t.T if transpose else t
 
   layers: dict[str, list[np.ndarray]] = {}
   for i in range(c.num_layers):
     for hf_name, (ours, transpose) in _LAYER_TENSORS.items():
       if ours.startswith("b") and not c.qkv_bias:
         continue
-      t = take(f"model.layers.{i}.{hf_name}")
-      layers.setdefault(ours, []).append(t.T if transpose else t)
+      t = take(f"model.layers.{i}.{hf_name}", shapes["layers"][ours][1:], transpose)
+      layers.setdefault(ours, []).append(t)
   p: Params = {
-    "embed": jnp.asarray(take("model.embed_tokens.weight"), dtype),
+    "embed": jnp.asarray(take("model.embed_tokens.weight", shapes["embed"]), dtype),
     "layers": {k: jnp.asarray(np.stack(v), dtype) for k, v in layers.items()},
-    "final_norm": jnp.asarray(take("model.norm.weight"), dtype),
+    "final_norm": jnp.asarray(take("model.norm.weight", shapes["final_norm"]), dtype),
   }
   if not c.tie_embeddings:
-    p["lm_head"] = jnp.asarray(take("lm_head.weight").T, dtype)
+    p["lm_head"] = jnp.asarray(take("lm_head.weight", shapes["lm_head"], True), dtype)
   check_param_shapes(c, p, source)
   return p
 
@@ -203,7 +252,8 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None, tokenizer: boo
   config = config_from_hf(hf, str(cfg_file))
   dtype = dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32"
   config = config.replace(dtype=str(dtype))
-  params = params_from_hf_tensors(_read_safetensors(path), config, str(path))
+  tensors, files = _read_safetensors(path)
+  params = params_from_hf_tensors(tensors, config, str(path), files)
   model = from_params(config, params)
   return model, (load_tokenizer(path) if tokenizer else None)
 

@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
     task_config={},  # reasoning-gym generator options ({} = the task's defaults)
     data_dir="",  # prepared TFDS data ("" = TFDS's default directory)
     source_dir="",  # downloaded original files ("" = use what data_dir holds)
+    on_bad_row="raise",  # a bad row of the source files: "raise" (naming file and line) or "skip"
     reward="",  # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS)
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
@@ -69,6 +70,7 @@ def base_config() -> ml_collections.ConfigDict:
     task_config={},  # reasoning-gym generator options ({} = the task's defaults)
     data_dir="",
     source_dir="",
+    on_bad_row="raise",
     num_samples=8,  # n per problem at `temperature` (paper: 32)
     temperature=0.6,
     top_p=1.0,
@@ -80,8 +82,9 @@ def base_config() -> ml_collections.ConfigDict:
     periodic_num_samples=4,
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
     # More tasks for the final evaluation (macro-averaged with `task`): task names, or dicts
-    # {task, split, limit, task_config, data_dir, source_dir, label}; split, limit, data_dir
-    # default to this section's. E.g. held-out tasks to check for forgetting (docs/method.md §7).
+    # {task, split, limit, task_config, data_dir, source_dir, on_bad_row, label}; split, limit,
+    # data_dir and on_bad_row default to this section's. E.g. held-out tasks to check for
+    # forgetting (docs/method.md §7).
     extra_tasks=(),
   )
   c.es = dict(
