@@ -24,7 +24,7 @@ from typing import Any
 
 import ml_collections
 
-from experiments import es, grpo, plots, sequential, train_lib
+from experiments import config_check, es, grpo, plots, sequential, train_lib
 from experiments.logger import read_metrics
 
 RUNS = {  # name -> (method, runner, sequential order)
@@ -54,9 +54,8 @@ def _table(workdir: str) -> dict[str, Any] | None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  config_check.validate(config)  # demo.runs among them
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
-  for n in names:
-    train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
   seconds: dict[str, float] = {}
   base_dir = os.path.join(workdir, "base")
   t0 = time.perf_counter()

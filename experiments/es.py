@@ -103,20 +103,9 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
 
 def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
-  cfg = ctx.config.es
-  for name in ("population_size", "members_per_chunk", "max_new_tokens"):
-    train_lib.positive_int(cfg[name], f"es.{name}")
+  cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   optimizer = make_optimizer(cfg)
   rank = int(cfg.rank) or None
-  train_lib.check(cfg.precision in PRECISIONS, "es.precision", cfg.precision, f"use {PRECISIONS}")
-  if cfg.precision == "reference":  # the reference code's plain ES step, nothing else
-    for field, ok, need in (
-      ("optimizer", cfg.optimizer == "sgd", "sgd"),
-      ("rank", int(cfg.rank) == 0, "0 (full rank)"),
-      ("antithetic", not cfg.antithetic, "False"),
-      ("shaping", cfg.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
-    ):
-      train_lib.check(ok, f"es.{field}", cfg[field], f"es.precision='reference' needs {need}")
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
   log.info(

@@ -45,6 +45,7 @@ import tqdm
 
 from es_jax import data, models, rewards
 from experiments import eval_results, eval_sampler
+from experiments.config_check import ConfigError
 
 log = logging.getLogger(__name__)
 MODEL_SOURCES = ("default", "hf", "gguf", "orbax")
@@ -97,7 +98,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _check(cond: bool, field: str, value: Any, need: str):
   if not cond:
-    raise ValueError(f"{field}={value!r} is invalid: {need}.")
+    raise ConfigError(f"{field}={value!r} is invalid: {need}.")
 
 
 def evaluate_model(

@@ -36,8 +36,8 @@ from es_jax import data, metrics, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from es_jax.models import gguf_loader
-from experiments import evaluate, plots
-from experiments.configs.base import METHODS
+from experiments import config_check, evaluate, plots
+from experiments.config_check import ConfigError
 from experiments.logger import ProgressBar, RunLogger, read_metrics
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,9 @@ KEY_STREAMS = ("noise", "sample", "eval", "init")
 
 
 def check(cond: bool, field: str, value: Any, need: str) -> None:
-  """Raises ValueError naming the config field when `cond` is false."""
+  """Raises ConfigError (a ValueError) naming the config field when `cond` is false."""
   if not cond:
-    raise ValueError(f"config.{field}={value!r} is invalid: {need}.")
+    raise config_check.fail(field, value, need)
 
 
 def positive_int(value: Any, field: str) -> int:
@@ -117,7 +117,8 @@ def load_examples(section: Mapping[str, Any], field: str, *, limit: int | None =
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
   limit = section.get("limit") if limit is None else limit
-  examples = data.load_task(split=split, limit=limit, **kwargs)
+  with config_check.user_errors(f"config.{field}"):
+    examples = data.load_task(split=split, limit=limit, **kwargs)
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
   return examples
 
@@ -341,13 +342,21 @@ def make_mesh(config: ml_collections.ConfigDict):
 
 
 def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
-  """Loads the model, tokenizer, training pool and evaluation set that `config` names."""
-  check(config.method in METHODS, "method", config.method, f"use one of {METHODS}")
-  model, tokenizer = load_model(config.model, seed=config.seed)
+  """Loads the model, tokenizer, training pool and evaluation set that `config` names.
+
+  Raises:
+    ConfigError: a config value is invalid (`config_check.validate`), the workdir holds another
+      method's run, or a file or the data cannot be loaded.
+  """
+  config_check.validate(config)
+  config_check.check_workdir(config, workdir)
+  with config_check.user_errors("config.model"):
+    model, tokenizer = load_model(config.model, seed=config.seed)
   keys = run_keys(config.seed)
   positive_int(config.data.prompts_per_step, "data.prompts_per_step")
   examples = load_examples(config.data, "data")
-  reward = rewards.get_reward(reward_name(config.data))
+  with config_check.user_errors("config.data.reward"):
+    reward = rewards.get_reward(reward_name(config.data))
   return Context(
     config=config,
     workdir=os.fspath(workdir),
@@ -472,7 +481,7 @@ class Loop:
       and restored.key is not None
       and not np.array_equal(jax.random.key_data(restored.key), jax.random.key_data(self.run_key))
     ):
-      raise ValueError(
+      raise ConfigError(
         f"config.seed={ctx.config.seed} does not give the run key saved in {stage.ckpt_dir}: "
         "resume with the original seed, or use a new workdir."
       )
@@ -481,7 +490,7 @@ class Loop:
     if saved is not None:
       diff = config_differences(saved, self.trajectory)
       if diff:
-        raise ValueError(
+        raise ConfigError(
           f"{stage.ckpt_dir} holds a run with another config: {'; '.join(diff[:8])}. Resume "
           "with the same values (num_steps may grow), or use a new workdir."
         )
@@ -623,7 +632,9 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
 
 def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
-  model, tokenizer = load_model(config.model, seed=config.seed)
+  config_check.validate(config)
+  with config_check.user_errors("config.model"):
+    model, tokenizer = load_model(config.model, seed=config.seed)
   evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
   ev = evaluator.final(models.params(model), model.config, os.path.join(workdir, "eval"))
   return {"eval": ev["macro"]}
