@@ -18,6 +18,7 @@ Rerunning resumes: finished runs are skipped, an interrupted one continues from 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -33,6 +34,7 @@ RUNS = {  # name -> (method, runner, sequential order)
   "grpo_es": ("sequential", sequential.run, "grpo_es"),
   "es_grpo": ("sequential", sequential.run, "es_grpo"),
 }
+log = logging.getLogger(__name__)
 LABELS = {"base": "base", "es": "ES", "grpo": "GRPO", "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
 
 
@@ -60,18 +62,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   base_dir = os.path.join(workdir, "base")
   t0 = time.perf_counter()
   if _table(base_dir) is None:
+    log.info("demo: evaluating the base model into %s", base_dir)
     train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
   seconds["base"] = time.perf_counter() - t0
   for name in names:
     method, runner, order = RUNS[name]
     sub_dir = os.path.join(workdir, name)
     t0 = time.perf_counter()
-    if not os.path.exists(os.path.join(sub_dir, "DONE")):
+    if os.path.exists(os.path.join(sub_dir, "DONE")):
+      log.info("demo: %s already finished in %s", LABELS[name], sub_dir)
+    else:
+      position = f"{names.index(name) + 1} of {len(names)}"
+      log.info("demo: %s (%s) into %s", LABELS[name], position, sub_dir)
       result = runner(_sub_config(config, method, order), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
     seconds[name] = time.perf_counter() - t0
   report = write_report(config, workdir, ["base", *names], seconds)
+  log.info("demo: report in %s", report)
   return {"stopped": False, "report": report}
 
 

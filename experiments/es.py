@@ -87,8 +87,10 @@ def _reference_apply(state: dict[str, Any], fitness, step_key, sigma, alpha, *, 
 def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
   """Fitness statistics, per-member rewards, length, entropy and success diversity of a step."""
   success = (np.nan_to_num(stats.rewards, nan=0.0) >= 1.0).astype(np.float32)  # [N, P]
+  mean = float(np.nanmean(fitness))
   return {
-    "fitness/mean": float(np.nanmean(fitness)),
+    "train/reward": mean,  # the name ES and GRPO share (GRPO: reward/mean)
+    "fitness/mean": mean,
     "fitness/std": float(np.nanstd(fitness)),
     "fitness/max": float(np.nanmax(fitness)),
     "fitness/min": float(np.nanmin(fitness)),

@@ -99,6 +99,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     except ValueError as e:
       raise ValueError(f"config.grpo: {e}") from None
     values: dict[str, Any] = {
+      "train/reward": float(rewards.mean()),  # the name ES and GRPO share (ES: fitness/mean)
       "reward/mean": float(rewards.mean()),
       "reward/std": float(rewards.std()),
       "reward/per_prompt": rewards.mean(axis=1),
