@@ -9,6 +9,7 @@ Evaluates the base model, runs each method of `config.demo.runs` with the budget
 
   base/, es/, grpo/, grpo_es/, es_grpo/   each a full run directory (checkpoints, metrics, eval, hf)
   report.md                               the table below, the settings and the plots
+  <run>/demo_seconds.json                 wall seconds of each run over all attempts (minutes)
   pass_at_k.png, entropy.png, reward.png  Pass@k vs k per method; rollout entropy and training
                                           reward over steps
 
@@ -17,12 +18,15 @@ Rerunning resumes: finished runs are skipped, an interrupted one continues from 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import time
 from typing import Any
 
+import jax
 import ml_collections
 
 from experiments import config_check, es, grpo, plots, sequential, train_lib
@@ -35,6 +39,7 @@ RUNS = {  # name -> (method, runner, sequential order)
   "es_grpo": ("sequential", sequential.run, "es_grpo"),
 }
 log = logging.getLogger(__name__)
+SECONDS_FILE = "demo_seconds.json"  # in each run's directory: wall seconds over all attempts
 LABELS = {"base": "base", "es": "ES", "grpo": "GRPO", "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
 
 
@@ -60,27 +65,53 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   seconds: dict[str, float] = {}
   base_dir = os.path.join(workdir, "base")
-  t0 = time.perf_counter()
   if _table(base_dir) is None:
     log.info("demo: evaluating the base model into %s", base_dir)
-    train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
-  seconds["base"] = time.perf_counter() - t0
+    with _timed(base_dir):
+      train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
+  seconds["base"] = _seconds(base_dir)
   for name in names:
     method, runner, order = RUNS[name]
     sub_dir = os.path.join(workdir, name)
-    t0 = time.perf_counter()
     if os.path.exists(os.path.join(sub_dir, "DONE")):
       log.info("demo: %s already finished in %s", LABELS[name], sub_dir)
     else:
       position = f"{names.index(name) + 1} of {len(names)}"
       log.info("demo: %s (%s) into %s", LABELS[name], position, sub_dir)
-      result = runner(_sub_config(config, method, order), sub_dir)
+      with _timed(sub_dir):
+        result = runner(_sub_config(config, method, order), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    seconds[name] = time.perf_counter() - t0
+    seconds[name] = _seconds(sub_dir)
   report = write_report(config, workdir, ["base", *names], seconds)
   log.info("demo: report in %s", report)
   return {"stopped": False, "report": report}
+
+
+def _seconds(run_dir: str) -> float:
+  """The seconds spent on a run over all attempts (NaN when never recorded)."""
+  try:
+    with open(os.path.join(run_dir, SECONDS_FILE)) as f:
+      return float(json.load(f)["seconds"])
+  except (OSError, ValueError, KeyError, TypeError):
+    return float("nan")
+
+
+@contextlib.contextmanager
+def _timed(run_dir: str):
+  """Adds the wall time of the block (finished, stopped or failed) to run_dir's SECONDS_FILE, so
+  the report's minutes count every attempt of a resumed run."""
+  t0 = time.perf_counter()
+  try:
+    yield
+  finally:
+    before = _seconds(run_dir)
+    total = (0.0 if math.isnan(before) else before) + time.perf_counter() - t0
+    if jax.process_index() == 0:
+      os.makedirs(run_dir, exist_ok=True)
+      with open(os.path.join(run_dir, SECONDS_FILE + ".tmp"), "w") as f:
+        json.dump({"seconds": total}, f)
+      os.replace(os.path.join(run_dir, SECONDS_FILE + ".tmp"), os.path.join(run_dir, SECONDS_FILE))
 
 
 def _model_name(model) -> str:
@@ -141,8 +172,9 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
     cells = [LABELS[name], _steps_of(config, name), f"{m.get('greedy', float('nan')):.3f}"]
     cells += [f"{m.get(f'pass@{k}', float('nan')):.3f}" for k in ks]
     nan = float("nan")
+    minutes = seconds.get(name, nan) / 60
     cells += [f"{m.get('mean_length', nan):.1f}", f"{m.get('mean_entropy', nan):.3f}",
-              f"{seconds.get(name, nan) / 60:.1f}"]
+              "-" if math.isnan(minutes) else f"{minutes:.1f}"]
     lines.append("| " + " | ".join(cells) + " |")
   ev = config.eval
   text = [
@@ -165,7 +197,8 @@ def write_report(config, workdir: str, names: list[str], seconds: dict[str, floa
     f"Sequential: {config.sequential.total_steps} steps split "
     f"{config.sequential.first_fraction:.0%} / {1 - config.sequential.first_fraction:.0%}.",
     "",
-    "Minutes include model loading, compilation and evaluation. These are small-budget runs on "
+    "Minutes include model loading, compilation and evaluation, summed over every attempt of a "
+    "resumed run. These are small-budget runs on "
     "a small model: differences of a few problems are within noise (Pass@k standard error on "
     f"{ev.limit} problems is up to {0.5 / ev.limit ** 0.5:.2f}).",
     "",

@@ -12,7 +12,8 @@ Files written into a run's workdir (by process 0 only):
   tensorboard/        event files (tensorboardX, no TensorFlow): a scalar per number, a histogram
                       per array (per-member rewards, ...), tagged with the metric name.
   config.json/.yaml   the resolved config; a previous, different one is kept as config.<n>.json.
-  versions.json       package versions, Python, backend and devices (`package_versions`).
+  versions.json       package versions, Python, backend, devices and the git commit of the code
+                      (`package_versions`; "unknown" outside a git checkout).
 
 Resuming: steps must increase over a whole run (a sequential run counts steps across stages).
 Create the logger with `resume_step=` the step of the restored checkpoint, or -1 when the run
@@ -32,6 +33,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -125,8 +127,31 @@ def config_hash(config: Any) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def git_commit(directory: str | os.PathLike | None = None) -> str:
+  """`git rev-parse HEAD` of the checkout holding `directory` (default: this code's), with "+dirty"
+  when tracked files are modified; "unknown" without git or outside a checkout."""
+  directory = os.fspath(directory or os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=10
+    )
+    if head.returncode != 0:
+      return "unknown"
+    status = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=directory,
+      capture_output=True,
+      text=True,
+      timeout=10,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  dirty = status.returncode == 0 and bool(status.stdout.strip())
+  return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def package_versions() -> dict[str, Any]:
-  """Versions of the packages a run depends on, Python, and the devices it sees."""
+  """Versions of the packages a run depends on, Python, the devices it sees and the git commit."""
   versions: dict[str, Any] = {}
   for name in _PACKAGES:
     try:
@@ -142,6 +167,7 @@ def package_versions() -> dict[str, Any]:
     device_count=jax.device_count(),
     local_device_count=jax.local_device_count(),
     process_count=jax.process_count(),
+    git_commit=git_commit(),
   )
   return versions
 
@@ -198,6 +224,19 @@ def _write_json_keep_previous(path: epath.Path, data: dict[str, Any], what: str)
       stacklevel=3,
     )
   path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_run_files(workdir: str | os.PathLike, config: Any) -> None:
+  """config.json, config.yaml and versions.json into a local `workdir` (as `RunLogger` writes
+  them), for runs that log no metrics (evaluations); on process 0 only."""
+  if jax.process_index() != 0:
+    return
+  path = epath.Path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  resolved = _config_dict(config)
+  _write_json_keep_previous(path / "config.json", resolved, "config")
+  (path / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
+  _write_json_keep_previous(path / VERSIONS_FILE, package_versions(), "versions")
 
 
 class RunLogger:

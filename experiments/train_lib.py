@@ -38,7 +38,14 @@ from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from es_jax.models import gguf_loader
 from experiments import config_check, evaluate, plots
 from experiments.config_check import ConfigError
-from experiments.logger import ProgressBar, RunLogger, StepTimer, format_seconds, read_metrics
+from experiments.logger import (
+  ProgressBar,
+  RunLogger,
+  StepTimer,
+  format_seconds,
+  read_metrics,
+  write_run_files,
+)
 
 log = logging.getLogger(__name__)
 KEY_STREAMS = ("noise", "sample", "eval", "init")
@@ -245,8 +252,11 @@ class Evaluator:
     )
     return flat_summary(summary, prefix="eval/")
 
-  def final(self, params, model_config: models.ModelConfig, out_dir: str) -> dict[str, Any]:
-    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate)."""
+  def final(
+    self, params, model_config: models.ModelConfig, out_dir: str, run_info=None
+  ) -> dict[str, Any]:
+    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate);
+    `run_info` (e.g. the model config) is stored with the settings: a resume must match it."""
     n = int(self.config.num_samples)
     return evaluate.evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
@@ -255,6 +265,7 @@ class Evaluator:
       [evaluate.TaskSpec(self.label, self.task, self.examples), *self.extra],
       out_dir=out_dir,
       log_progress=True,
+      run_info=run_info,
       **self._kwargs(n),
     )
 
@@ -691,7 +702,11 @@ def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, A
   with config_check.user_errors("config.model"):
     model, tokenizer = load_model(config.model, seed=config.seed)
   evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
-  ev = evaluator.final(models.params(model), model.config, os.path.join(workdir, "eval"))
+  write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+  model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
+  ev = evaluator.final(
+    models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
+  )
   return {"eval": ev["macro"]}
 
 

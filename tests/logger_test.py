@@ -4,6 +4,7 @@ import io
 import json
 import logging
 import platform
+import re
 import struct
 import types
 
@@ -163,6 +164,8 @@ def test_config_and_versions_files(tmp_path):
   assert versions["backend"] == "cpu" and versions["device_kind"]
   for name in ("flax", "optax", "orbax-checkpoint", "numpy"):
     assert versions[name], name
+  assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", versions["git_commit"]), versions["git_commit"]
+  assert logger_lib.git_commit(tmp_path) == "unknown"  # not a checkout
   # Resuming with a changed config keeps the old one and says which field changed.
   config.es.sigma = 3e-3
   with pytest.warns(UserWarning, match="'es'"):

@@ -101,14 +101,36 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   for name, (m1, m2) in (("grpo_es", ("grpo", "es")), ("es_grpo", ("es", "grpo"))):
     workdir = tmp_path / name
     _assert_run_outputs(str(workdir), str(workdir / f"stage2_{m2}" / "checkpoints"))
-    stages = {r["stage"] for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0}
-    assert stages == {f"1_{m1}", f"2_{m2}"}
+    rows = [r for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0]
+    assert {r["stage"] for r in rows} == {f"1_{m1}", f"2_{m2}"}
+    # train/samples: cumulative completions, continued by the second stage.
+    n1, n2 = sequential.split_budget(config.sequential.total_steps, 0.5)
+    per_step = [train_lib.samples_per_step(config, m) for m in (m1, m2)]
+    total = n1 * per_step[0] + n2 * per_step[1]
+    samples = [r["train/samples"] for r in rows if "train/samples" in r]
+    assert samples == sorted(set(samples)) and samples[-1] == total
+    assert all(isinstance(r["train/reward"], float) for r in rows if "train/samples" in r)
+  # The base evaluation records its config, versions and model like a training run.
+  assert json.load(open(tmp_path / "base" / "config.json"))["method"] == "evaluate"
+  assert "git_commit" in json.load(open(tmp_path / "base" / "versions.json"))
+  (meta,) = [f for f in os.listdir(tmp_path / "base" / "eval") if f.endswith(".meta.json")]
+  run_info = json.load(open(tmp_path / "base" / "eval" / meta))["run_info"]
+  assert run_info["model"]["preset"] == config.model.preset
   report = open(tmp_path / "report.md").read()
   for label in ("| base |", "| ES |", "| GRPO |", "| GRPO→ES |", "| ES→GRPO |"):
     assert label in report
+
+  # Rerun: every run is finished, and the minutes are those of the first attempt, not 0.0.
+  def minutes(text):  # run label -> the last column of the table
+    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ")]
+    return {r[1].strip(): r[-2].strip() for r in rows}
+
+  first = minutes(report)
+  demo.run(config, str(tmp_path))
+  assert minutes(open(tmp_path / "report.md").read()) == first
+  assert float(first["ES"]) > 0 and float(first["base"]) > 0
   for png in ("pass_at_k.png", "entropy.png", "reward.png"):
     assert os.path.getsize(tmp_path / png) > 1000
-
 
 
 def test_es_reference_precision_trains_bf16_weights(tmp_path):
@@ -123,6 +145,7 @@ def test_es_reference_precision_trains_bf16_weights(tmp_path):
   _assert_trained(str(tmp_path), saved, dtype="bfloat16")  # moved from the bf16 base weights
   with pytest.raises(ValueError, match="es.optimizer"):
     es.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
+
 
 @pytest.mark.parametrize(
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]
@@ -422,3 +445,15 @@ def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   )  # a larger budget continues the run
   es.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
+
+
+def test_demo_minutes_add_up_over_attempts(tmp_path, monkeypatch):
+  clock = iter([0.0, 30.0, 100.0, 145.0])
+  monkeypatch.setattr(demo.time, "perf_counter", lambda: next(clock))
+  run_dir = str(tmp_path / "es")
+  assert math.isnan(demo._seconds(run_dir))  # never run: the report shows "-"
+  with pytest.raises(KeyboardInterrupt), demo._timed(run_dir):
+    raise KeyboardInterrupt  # an interrupted first attempt still counts
+  with demo._timed(run_dir):
+    pass
+  assert demo._seconds(run_dir) == 75.0
