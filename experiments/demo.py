@@ -19,12 +19,15 @@ Rerunning resumes: finished runs are skipped, an interrupted one continues from 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
 import ml_collections
 
-from experiments import es, grpo, report, sequential, train_lib
+from experiments import config_check, es, grpo, report, sequential, train_lib
+
+log = logging.getLogger(__name__)
 
 RUNS = {  # name -> (method, runner, sequential order)
   "es": ("es", es.run, None),
@@ -53,16 +56,21 @@ def _table(workdir: str) -> dict[str, Any] | None:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  config_check.validate(config)  # demo.runs among them
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
     train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
   base_dir = os.path.join(workdir, "base")
   if _table(base_dir) is None:
+    log.info("demo: evaluating the base model into %s", base_dir)
     train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
   for name in names:
     method, runner, order = RUNS[name]
     sub_dir = os.path.join(workdir, name)
-    if not os.path.exists(os.path.join(sub_dir, "DONE")):
+    if os.path.exists(os.path.join(sub_dir, "DONE")):
+      log.info("demo: %s already finished in %s", name, sub_dir)
+    else:
+      log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
       result = runner(_sub_config(config, method, order), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}

@@ -40,7 +40,7 @@ import numpy as np
 from es_jax import grpo, metrics, models, noise, population, rewards, sampling
 from es_jax.checkpoint import Checkpointer
 from es_jax.models.transformer import forward, positions_from_mask
-from experiments import eval_results, sparsity, train_lib
+from experiments import config_check, eval_results, sparsity, train_lib
 
 log = logging.getLogger(__name__)
 KINDS = {"es": "ES population", "group": "GRPO group (one policy)", "control": "ES at σ = 0"}
@@ -378,6 +378,7 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="diversity"`: the study of the module docstring; returns {"report": table.md}."""
+  config_check.validate(config)
   d = config.diversity
   kinds = [k.strip() for k in str(d.kinds).split(",") if k.strip()]
   for k in kinds:

@@ -34,6 +34,7 @@ import json
 import logging
 import os
 import re
+import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
@@ -47,6 +48,8 @@ import tqdm
 
 from es_jax import data, models, rewards
 from experiments import eval_results, eval_sampler
+from experiments.config_check import ConfigError
+from experiments.logger import format_seconds, progress_marks
 
 log = logging.getLogger(__name__)
 MODEL_SOURCES = ("default", "hf", "gguf", "orbax")
@@ -99,7 +102,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 def _check(cond: bool, field: str, value: Any, need: str):
   if not cond:
-    raise ValueError(f"{field}={value!r} is invalid: {need}.")
+    raise ConfigError(f"{field}={value!r} is invalid: {need}.")
 
 
 def evaluate_model(
@@ -129,6 +132,7 @@ def evaluate_model(
   on_problem: Callable[[dict], None] | None = None,
   save_text: bool = False,
   run_info: Mapping[str, Any] | None = None,
+  log_progress: bool = False,
 ) -> dict[str, Any]:
   """Samples `num_samples` answers per problem (plus a greedy one) and scores them.
 
@@ -150,7 +154,7 @@ def evaluate_model(
     out_dir: where to write `<label>.jsonl`, `<label>.meta.json` (and with `report`, the table and
       PNG); None keeps everything in memory.
     resume: reuse the finished problems in out_dir's jsonl; False starts over.
-    progress: show a tqdm bar.
+    progress: show a tqdm bar (only when stderr is a terminal).
     label: the name in file names and tables (default: `task`).
     report: write table.md, table.json and pass_at_k.png for this task alone into out_dir.
     eos_ids: tokens ending a sample (default: the tokenizer's EOS).
@@ -161,6 +165,7 @@ def evaluate_model(
     save_text: also store the decoded completions in the records.
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
+    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%.
 
   Returns:
     The task summary (`summarize`: greedy, pass@k, maj@k, mean_length, mean_entropy, curve),
@@ -229,9 +234,18 @@ def evaluate_model(
   )
   t0, done = time.perf_counter(), len(records)
   task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
+  tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
   bar = tqdm.tqdm(
-    total=len(examples), initial=len(records), desc=label, unit="problem", disable=not progress
+    total=len(examples),
+    initial=len(records),
+    desc=label,
+    unit="problem",
+    disable=not (progress and tty),
   )
+  already = len(records)
+  marks = progress_marks(len(examples), already) if log_progress else set()
+  if log_progress and already < len(examples):
+    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), already, n)
   for start in range(0, len(examples), batch_size):
     block = range(start, min(start + batch_size, len(examples)))
     if all(i in records for i in block):
@@ -246,6 +260,18 @@ def evaluate_model(
       pass_at_1 = np.mean([r["c"] / r["n"] for r in records.values()])
       bar.set_postfix_str(f"pass@1 {pass_at_1:.3f}", refresh=False)
       bar.update(1)
+      if len(records) in marks:
+        elapsed = time.perf_counter() - t0
+        eta = elapsed / (len(records) - already) * (len(examples) - len(records))
+        log.info(
+          "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s",
+          label,
+          len(records),
+          len(examples),
+          pass_at_1,
+          format_seconds(elapsed),
+          format_seconds(eta),
+        )
   bar.close()
   seconds = time.perf_counter() - t0
   if jsonl is not None and scorer.calls:

@@ -12,9 +12,10 @@ Files written into a run's workdir (by process 0 only):
   tensorboard/        event files (tensorboardX, no TensorFlow): a scalar per number, a histogram
                       per array (per-member rewards, ...), tagged with the metric name.
   config.json/.yaml   the resolved config; a previous, different one is kept as config.<n>.json.
-  versions.json       package versions, Python, backend and devices (`package_versions`), and
-                      under "data" where the run's examples come from (source directory, the
-                      source files' SHA-256, rows, limit) when the runner passes `data_sources`.
+  versions.json       package versions, Python, backend, devices and the git commit of the code
+                      (`package_versions`; "unknown" outside a git checkout), and under "data"
+                      where the run's examples come from (source directory, the source files'
+                      SHA-256, rows, limit) when the runner passes `data_sources`.
 
 Resuming: steps must increase over a whole run (a sequential run counts steps across stages).
 Create the logger with `resume_step=` the step of the restored checkpoint, or -1 when the run
@@ -34,6 +35,7 @@ import json
 import math
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -127,8 +129,31 @@ def config_hash(config: Any) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def git_commit(directory: str | os.PathLike | None = None) -> str:
+  """`git rev-parse HEAD` of the checkout holding `directory` (default: this code's), with "+dirty"
+  when tracked files are modified; "unknown" without git or outside a checkout."""
+  directory = os.fspath(directory or os.path.dirname(os.path.abspath(__file__)))
+  try:
+    head = subprocess.run(
+      ["git", "rev-parse", "HEAD"], cwd=directory, capture_output=True, text=True, timeout=10
+    )
+    if head.returncode != 0:
+      return "unknown"
+    status = subprocess.run(
+      ["git", "status", "--porcelain", "--untracked-files=no"],
+      cwd=directory,
+      capture_output=True,
+      text=True,
+      timeout=10,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  dirty = status.returncode == 0 and bool(status.stdout.strip())
+  return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def package_versions() -> dict[str, Any]:
-  """Versions of the packages a run depends on, Python, and the devices it sees."""
+  """Versions of the packages a run depends on, Python, the devices it sees and the git commit."""
   versions: dict[str, Any] = {}
   for name in _PACKAGES:
     try:
@@ -144,6 +169,7 @@ def package_versions() -> dict[str, Any]:
     device_count=jax.device_count(),
     local_device_count=jax.local_device_count(),
     process_count=jax.process_count(),
+    git_commit=git_commit(),
   )
   return versions
 
@@ -200,6 +226,19 @@ def _write_json_keep_previous(path: epath.Path, data: dict[str, Any], what: str)
       stacklevel=3,
     )
   path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_run_files(workdir: str | os.PathLike, config: Any) -> None:
+  """config.json, config.yaml and versions.json into a local `workdir` (as `RunLogger` writes
+  them), for runs that log no metrics (evaluations); on process 0 only."""
+  if jax.process_index() != 0:
+    return
+  path = epath.Path(workdir)
+  path.mkdir(parents=True, exist_ok=True)
+  resolved = _config_dict(config)
+  _write_json_keep_previous(path / "config.json", resolved, "config")
+  (path / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=True))
+  _write_json_keep_previous(path / VERSIONS_FILE, package_versions(), "versions")
 
 
 class RunLogger:
@@ -373,6 +412,48 @@ class RunLogger:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def format_seconds(seconds: float) -> str:
+  """A duration for a log line: "42 s", "3 min 20 s", "2 h 05 min"."""
+  if not math.isfinite(seconds):
+    return "?"
+  s = int(round(max(seconds, 0.0)))
+  if s < 60:
+    return f"{s} s"
+  if s < 3600:
+    return f"{s // 60} min {s % 60:02d} s"
+  return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class StepTimer:
+  """One log line per step, readable in a file: step, training reward, s/step and ETA.
+
+  The ETA is the mean step time of this process (periodic evaluations and checkpoints included)
+  times the steps left; a resumed run counts from its restored step.
+  """
+
+  def __init__(self, total: int, *, initial: int = 0, name: str = "train"):
+    self.total, self.initial, self.name = int(total), int(initial), name
+    self._t0 = time.perf_counter()
+
+  def line(self, step: int, reward: float | None = None, step_seconds: float | None = None) -> str:
+    """The line for local step `step` (1-based) just finished."""
+    done = max(step - self.initial, 1)
+    mean = (time.perf_counter() - self._t0) / done
+    last = mean if step_seconds is None else step_seconds
+    parts = [f"{self.name} step {step}/{self.total}"]
+    if reward is not None:
+      parts.append(f"train/reward {reward:.4f}")
+    parts += [f"{last:.2f} s/step", f"ETA {format_seconds(mean * (self.total - step))}"]
+    return " | ".join(parts)
+
+
+def progress_marks(total: int, done: int, *, parts: int = 10) -> set[int]:
+  """The counts (of `total`) at which to log progress: about every 1/`parts`, and the last one;
+  counts up to `done` (already finished) are left out."""
+  every = max(1, math.ceil(total / parts))
+  return {n for n in (*range(every, total, every), total) if n > done}
 
 
 class ProgressBar:

@@ -1,58 +1,219 @@
 """Runs the experiment a config file names.
 
     python -m experiments.main --config experiments/configs/NAME.py[:variant] --workdir DIR \
-        [--config.key=value ...]
+        [--config.key=value ...] [--dry_run] [--verbosity=1]
 
-`config.method` picks the runner: es, grpo, sequential, evaluate, demo, sparsity,
-population_sweep, diversity or report (each module exposes `run(config, workdir)`). The config
-is locked: an unknown key or a value of the wrong type is refused naming it. Rerunning the same
-command resumes from the newest checkpoint in DIR; a second run on a DIR in use is refused
-(`experiments.workdir_lock`). On a multi-host TPU slice run the same command
-on every worker (jax.distributed joins them).
+`config.method` picks the runner from `experiments.configs.base.METHODS` (each module exposes
+`run(config, workdir)`). The config is locked and validated before anything is loaded
+(`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
+in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
+files, bad data and a workdir that holds another method's run. `--dry_run` also loads the model and
+the data, then exits 0 without training. Rerunning the same command resumes from the newest
+checkpoint in DIR; a second run on a DIR in use is refused (`experiments.workdir_lock`). On a
+multi-host TPU slice run the same command on every worker
+(jax.distributed joins them).
+
+Output: one line per phase and per step (step, training reward, s/step, ETA) and progress lines
+during the final evaluation; libraries (Orbax, JAX, absl) log warnings only. `--verbosity=1` shows
+their INFO lines too and the traceback of user errors (so does ES_JAX_TRACEBACK=1).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import logging
+import os
+import re
+import sys
+import time
 
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from es_jax import sharding
-from experiments.workdir_lock import WorkdirLock
+from experiments.config_check import ConfigError
+from experiments.workdir_lock import WorkdirLock, WorkdirLockedError
 
-RUNNERS = {  # method -> module:function(config, workdir)
-  "es": "experiments.es:run",
-  "grpo": "experiments.grpo:run",
-  "sequential": "experiments.sequential:run",
-  "evaluate": "experiments.train_lib:evaluate_run",
-  "demo": "experiments.demo:run",
-  "sparsity": "experiments.sparsity:run",
-  "population_sweep": "experiments.population_sweep:run",
-  "diversity": "experiments.diversity:run",
-  "report": "experiments.report:run",
-}
 _CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (local or gs://)")
+_DRY_RUN = flags.DEFINE_bool(
+  "dry_run", False, "validate the config, load the model and data, and exit without training"
+)
 flags.mark_flags_as_required(["config", "workdir"])
+log = logging.getLogger("experiments.main")
+# Errors that a user fixes (a config value, a missing file, bad data): one line, exit status 2.
+USER_ERRORS = (ConfigError, FileNotFoundError, WorkdirLockedError)
+# Library loggers held at WARNING unless --verbosity >= 1 (Orbax logs through absl).
+QUIET_LOGGERS = ("absl", "jax", "jaxlib", "orbax", "tensorboardX", "urllib3", "fsspec", "etils")
+
+
+def show_tracebacks(argv: list[str] | None = None) -> bool:
+  """Whether user errors keep their traceback: --verbosity >= 1 (or -v) or ES_JAX_TRACEBACK=1."""
+  if os.environ.get("ES_JAX_TRACEBACK", "") not in ("", "0"):
+    return True
+  if argv is not None:  # before the flags are parsed
+    for a in argv:
+      m = re.fullmatch(r"--(?:verbosity|v)=(-?\d+)", a)
+      if m and int(m.group(1)) >= 1:
+        return True
+    return False
+  return flags.FLAGS.is_parsed() and flags.FLAGS.verbosity >= 1
+
+
+def user_error(message: str) -> None:
+  """Prints `error: <message>` on one line to stderr and exits with status 2."""
+  print("error: " + " ".join(str(message).split()), file=sys.stderr, flush=True)
+  sys.exit(2)
+
+
+def _load_config_file(spec: str):
+  """The config a `--config=path[:variant]` flag names (to list its fields)."""
+  path, _, variant = spec.partition(":")
+  module_spec = importlib.util.spec_from_file_location("_config_for_hint", path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def _unknown_override(argv: list[str], missing: str) -> str:
+  """One line for an override naming a key the config lacks (`missing`: the failing leaf)."""
+  from experiments import config_check
+
+  spec = None
+  for i, a in enumerate(argv):
+    if a.startswith("--config="):
+      spec = a.split("=", 1)[1]
+    elif a == "--config" and i + 1 < len(argv):
+      spec = argv[i + 1]
+  overrides = [a[len("--config.") :].split("=", 1)[0] for a in argv if a.startswith("--config.")]
+  try:
+    config = _load_config_file(spec)
+  except Exception:  # noqa: BLE001 - only for the hint; absl reports a broken file itself
+    config = None
+  fields = set(config_check.all_fields(config)) if config is not None else set()
+  bad = [o for o in overrides if o not in fields and missing in o.split(".")]
+  dotted = bad[0] if bad else missing
+  if config is None:
+    return f"config.{dotted} is not a config field."
+  return config_check.unknown_key_message(config, dotted)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with configuration mistakes reported as one `error:` line."""
+  try:
+    return flags.FLAGS(argv)
+  except (KeyError, AttributeError) as e:  # ml_collections: an override of a missing key
+    if show_tracebacks(argv):
+      raise
+    leaf = e.args[0] if e.args else ""
+    leaf = leaf.args[0] if isinstance(leaf, BaseException) and leaf.args else leaf
+    name = re.match(r"\W*(\w*)", str(leaf)).group(1)  # "'leaf' Did you mean ..." -> leaf
+    user_error(_unknown_override(argv, name))
+  except flags.Error as e:
+    if show_tracebacks(argv):
+      raise
+    message = str(e)
+    if "Traceback (most recent call last)" in message:  # raised by the config file's get_config
+      errors = [
+        ln.strip() for ln in message.splitlines() if re.match(r"\w+(Error|Exception)\b", ln)
+      ]
+      message = "--config: " + (errors[-1] if errors else message)
+    user_error(message)
+  except OSError as e:  # the config file could not be loaded
+    if show_tracebacks(argv):
+      raise
+    user_error(str(e.__cause__ or e))
+  return []
+
+
+class _Formatter(logging.Formatter):
+  """`HH:MM:SS message`; warnings and errors name their level."""
+
+  def format(self, record: logging.LogRecord) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+    level = "" if record.levelno < logging.WARNING else record.levelname.lower() + ": "
+    text = f"{stamp} {level}{record.getMessage()}"
+    if record.exc_info:
+      text += "\n" + self.formatException(record.exc_info)
+    return text
+
+
+def setup_logging(verbosity: int) -> None:
+  """Our loggers at INFO, libraries' at WARNING (verbosity <= 0); everything at INFO/DEBUG above.
+
+  Also quiets absl's own handler when it is installed (absl.app does so).
+  """
+  if verbosity >= 1:
+    logging.getLogger().setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO)
+    for name in QUIET_LOGGERS:
+      logging.getLogger(name).setLevel(logging.NOTSET)
+    return
+  logging.getLogger().setLevel(logging.WARNING)
+  for name in QUIET_LOGGERS:
+    logging.getLogger(name).setLevel(logging.WARNING)
+  for name in ("experiments", "es_jax"):
+    logging.getLogger(name).setLevel(logging.INFO)
+  absl_logging.set_verbosity(absl_logging.WARNING)
+  handler = absl_logging.get_absl_handler()
+  handler.setFormatter(_Formatter())
+
+
+def dry_run(config, workdir: str) -> dict:
+  """Loads what the config names (model, training pool, evaluation sets, reward); trains nothing."""
+  import jax
+
+  from experiments import train_lib
+
+  t0 = time.perf_counter()
+  ctx = train_lib.make_context(config, workdir)
+  n_params = sum(int(x.size) for x in jax.tree.leaves(ctx.base_params))
+  summary = {
+    "dry_run": True,
+    "method": config.method,
+    "model_parameters": n_params,
+    "model_dtype": ctx.model_config.dtype,
+    "train_examples": len(ctx.examples),
+    "eval_problems": len(ctx.evaluator.examples),
+    "extra_eval_tasks": [spec.label for spec in ctx.evaluator.extra],
+    "mesh": dict(ctx.mesh.shape),
+    "seconds": round(time.perf_counter() - t0, 1),
+  }
+  return summary
 
 
 def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  logging.getLogger().setLevel(logging.INFO)
-  sharding.initialize_distributed()
-  config = _CONFIG.value
-  if config.method not in RUNNERS:
-    raise app.UsageError(f"config.method={config.method!r}: use one of {sorted(RUNNERS)}")
-  module, function = RUNNERS[config.method].split(":")
-  with WorkdirLock(_WORKDIR.value):
-    result = getattr(importlib.import_module(module), function)(config, _WORKDIR.value)
-  summary = {k: v for k, v in (result or {}).items() if k in ("stopped", "eval", "report")}
+  setup_logging(flags.FLAGS.verbosity)
+  from es_jax import sharding
+  from experiments import config_check
+  from experiments.configs.base import METHODS
+
+  try:
+    sharding.initialize_distributed()
+    try:
+      config = config_check.validate(_CONFIG.value)
+    except OSError as e:  # the config file is missing or broken (raised on first access)
+      raise ConfigError(f"--config: {e}") from e
+    config_check.check_workdir(config, _WORKDIR.value)
+    log.info("%s", config_check.compact(config))
+    if _DRY_RUN.value:
+      summary = dry_run(config, _WORKDIR.value)
+    else:
+      module, function = METHODS[config.method].split(":")
+      runner = getattr(importlib.import_module(module), function)
+      log.info("%s run in %s", config.method, _WORKDIR.value)
+      with WorkdirLock(_WORKDIR.value):
+        result = runner(config, _WORKDIR.value)
+      summary = {k: v for k, v in (result or {}).items() if k in ("stopped", "eval", "report")}
+  except USER_ERRORS as e:
+    if show_tracebacks():
+      raise
+    user_error(str(e))
   print(json.dumps(summary, indent=1, default=str))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import es, plots, train_lib
+from experiments import config_check, es, plots, train_lib
 from experiments.logger import read_metrics
 
 
@@ -35,6 +35,7 @@ def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  config_check.validate(config)
   sweep = config.population_sweep
   window = train_lib.positive_int(sweep.window, "population_sweep.window")
   curves, final = {}, {}

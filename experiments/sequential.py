@@ -44,9 +44,12 @@ def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_lib.St
   total = train_lib.positive_int(seq.total_steps, "sequential.total_steps")
   n1, n2 = split_budget(total, float(seq.first_fraction))
   (m1, m2) = ORDERS[seq.order]
+  first_samples = n1 * train_lib.samples_per_step(config, m1)
   return [
     train_lib.Stage(m1, n1, os.path.join(workdir, f"stage1_{m1}", "checkpoints"), 0, f"1_{m1}"),
-    train_lib.Stage(m2, n2, os.path.join(workdir, f"stage2_{m2}", "checkpoints"), n1, f"2_{m2}"),
+    train_lib.Stage(
+      m2, n2, os.path.join(workdir, f"stage2_{m2}", "checkpoints"), n1, f"2_{m2}", first_samples
+    ),
   ]
 
 

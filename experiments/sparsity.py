@@ -29,7 +29,7 @@ import numpy as np
 
 from es_jax import metrics, models
 from es_jax.models.transformer import check_param_shapes
-from experiments import evaluate, plots, train_lib
+from experiments import config_check, evaluate, plots, train_lib
 
 
 def checkpoint_dir_of(path: str) -> str:
@@ -83,6 +83,7 @@ def update_groups(base: Any, tuned: Any, top_fraction: float) -> dict[str, dict[
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  config_check.validate(config)
   cfg = config.sparsity
   taus = [float(t) for t in cfg.taus]
   train_lib.check(bool(taus) and all(t > 0 for t in taus), "sparsity.taus", cfg.taus,

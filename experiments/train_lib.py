@@ -36,18 +36,25 @@ from es_jax import data, metrics, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from es_jax.models import gguf_loader
-from experiments import evaluate, plots
-from experiments.configs.base import METHODS
-from experiments.logger import ProgressBar, RunLogger, read_metrics
+from experiments import config_check, evaluate, plots
+from experiments.config_check import ConfigError
+from experiments.logger import (
+  ProgressBar,
+  RunLogger,
+  StepTimer,
+  format_seconds,
+  read_metrics,
+  write_run_files,
+)
 
 log = logging.getLogger(__name__)
 KEY_STREAMS = ("noise", "sample", "eval", "init")
 
 
 def check(cond: bool, field: str, value: Any, need: str) -> None:
-  """Raises ValueError naming the config field when `cond` is false."""
+  """Raises ConfigError (a ValueError) naming the config field when `cond` is false."""
   if not cond:
-    raise ValueError(f"config.{field}={value!r} is invalid: {need}.")
+    raise config_check.fail(field, value, need)
 
 
 def positive_int(value: Any, field: str) -> int:
@@ -118,7 +125,8 @@ def load_examples(section: Mapping[str, Any], field: str, *, limit: int | None =
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
   limit = section.get("limit") if limit is None else limit
-  examples = data.load_task(split=split, limit=limit, **kwargs)
+  with config_check.user_errors(f"config.{field}"):
+    examples = data.load_task(split=split, limit=limit, **kwargs)
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
   return examples
 
@@ -245,8 +253,11 @@ class Evaluator:
     )
     return flat_summary(summary, prefix="eval/")
 
-  def final(self, params, model_config: models.ModelConfig, out_dir: str) -> dict[str, Any]:
-    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate)."""
+  def final(
+    self, params, model_config: models.ModelConfig, out_dir: str, run_info=None
+  ) -> dict[str, Any]:
+    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate);
+    `run_info` (e.g. the model config) is stored with the settings: a resume must match it."""
     n = int(self.config.num_samples)
     return evaluate.evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
@@ -254,6 +265,8 @@ class Evaluator:
       self.tokenizer,
       [evaluate.TaskSpec(self.label, self.task, self.examples), *self.extra],
       out_dir=out_dir,
+      log_progress=True,
+      run_info=run_info,
       **self._kwargs(n),
     )
 
@@ -353,17 +366,41 @@ def make_mesh(config: ml_collections.ConfigDict):
 
 
 def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
-  """Loads the model, tokenizer, training pool and evaluation set that `config` names."""
-  check(config.method in METHODS, "method", config.method, f"use one of {METHODS}")
-  model, tokenizer = load_model(config.model, seed=config.seed)
+  """Loads the model, tokenizer, training pool and evaluation set that `config` names.
+
+  Raises:
+    ConfigError: a config value is invalid (`config_check.validate`), the workdir holds another
+      method's run, or a file or the data cannot be loaded.
+  """
+  config_check.validate(config)
+  config_check.check_workdir(config, workdir)
+  t0 = time.perf_counter()
+  with config_check.user_errors("config.model"):
+    model, tokenizer = load_model(config.model, seed=config.seed)
+  n_params = sum(int(x.size) for x in jax.tree.leaves(models.params(model)))
+  log.info(
+    "model: %s (%.1fM parameters, %s) loaded in %s",
+    model_label(config.model),
+    n_params / 1e6,
+    model.config.dtype,
+    format_seconds(time.perf_counter() - t0),
+  )
   keys = run_keys(config.seed)
-  positive_int(config.data.prompts_per_step, "data.prompts_per_step")
   examples = load_examples(config.data, "data")
-  reward = rewards.get_reward(reward_name(config.data))
+  with config_check.user_errors("config.data.reward"):
+    reward = rewards.get_reward(reward_name(config.data))
   evaluator = Evaluator(config, tokenizer, keys)
   data_sources = {"data": examples_source(examples), "eval": examples_source(evaluator.examples)}
   for i, spec in enumerate(evaluator.extra):
     data_sources[f"eval.extra_tasks[{i}]"] = examples_source(spec.examples)
+  log.info(
+    "data: %d training examples of %s; evaluation: %d problems of %s%s",
+    len(examples),
+    config.data.task,
+    len(evaluator.examples),
+    config.eval.task,
+    f" + {len(evaluator.extra)} more tasks" if evaluator.extra else "",
+  )
   return Context(
     config=config,
     workdir=os.fspath(workdir),
@@ -384,6 +421,25 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
 def examples_source(examples: Sequence[dict]) -> dict[str, Any]:
   """Where a training or evaluation pool comes from (`TaskExamples.source`), or its length."""
   return dict(getattr(examples, "source", None) or {"used": len(examples)})
+
+
+def model_label(model_config: Mapping[str, Any]) -> str:
+  """A short name of config.model for log lines."""
+  source = model_config.get("source")
+  if source == "default":
+    return "bundled SmolLM2-135M-Instruct"
+  if source == "random":
+    return f"random {model_config.get('preset')}"
+  return f"{source} {model_config.get('path')}"
+
+
+def samples_per_step(config: ml_collections.ConfigDict, method: str) -> int:
+  """Completions generated by one training step: N·P for ES, P·G for GRPO (docs/method.md §1, §3).
+
+  Logged cumulatively as `train/samples`, an equal-compute x-axis for ES and GRPO curves.
+  """
+  per_prompt = config.es.population_size if method == "es" else config.grpo.num_generations
+  return int(config.data.prompts_per_step) * int(per_prompt)
 
 
 def step_batch(ctx: Context, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
@@ -413,6 +469,7 @@ class Stage:
   ckpt_dir: str
   offset: int = 0
   label: str | None = None  # the `stage` column of metrics.jsonl (sequential runs)
+  samples_offset: int = 0  # completions generated by the stages before this one
 
 
 # The fields that decide a run's trajectory: a resume with other values would silently mix two
@@ -494,7 +551,7 @@ class Loop:
       and restored.key is not None
       and not np.array_equal(jax.random.key_data(restored.key), jax.random.key_data(self.run_key))
     ):
-      raise ValueError(
+      raise ConfigError(
         f"config.seed={ctx.config.seed} does not give the run key saved in {stage.ckpt_dir}: "
         "resume with the original seed, or use a new workdir."
       )
@@ -503,7 +560,7 @@ class Loop:
     if saved is not None:
       diff = config_differences(saved, self.trajectory)
       if diff:
-        raise ValueError(
+        raise ConfigError(
           f"{stage.ckpt_dir} holds a run with another config: {'; '.join(diff[:8])}. Resume "
           "with the same values (num_steps may grow), or use a new workdir."
         )
@@ -542,6 +599,16 @@ class Loop:
       desc=stage.label or stage.name,
       enabled=None if ctx.config.progress else False,
     )
+    self.timer = StepTimer(stage.num_steps, initial=self.start, name=stage.label or stage.name)
+    if self.start < stage.num_steps:
+      log.info(
+        "%s: steps %d..%d of %d%s",
+        stage.label or stage.name,
+        self.start + 1,
+        stage.num_steps,
+        stage.num_steps,
+        f" (resumed from step {self.start})" if self.start else "",
+      )
     self._t = time.perf_counter()
 
   def log(self, step: int, values: Mapping[str, Any]) -> None:
@@ -578,7 +645,11 @@ class Loop:
       if self.ctx.evaluator.due(step, self.stage.num_steps):
         values.update(self.ctx.evaluator.periodic(params, self.ctx.model_config))
     values["step_seconds"] = self.step_seconds()
+    per_step = samples_per_step(self.ctx.config, self.stage.name)
+    values["train/samples"] = self.stage.samples_offset + step * per_step
     self.log(step, values)
+    reward = values.get("train/reward")
+    log.info(self.timer.line(step, reward, values["step_seconds"]))
     self.state = state
     position = (self.stage.offset + step) * int(self.ctx.config.data.prompts_per_step)
     meta = {
@@ -588,7 +659,7 @@ class Loop:
     }
     final = step == self.stage.num_steps or self.preempt.should_stop()
     self.ckpt.save(step, state=state, key=self.run_key, meta=meta, force=final)
-    self.bar.update(1, **{k: v for k, v in values.items() if k in ("fitness/mean", "reward/mean")})
+    self.bar.update(1, **{k: v for k, v in values.items() if k == "train/reward"})
 
   def close(self) -> bool:
     """Waits for checkpoints, closes files; returns whether the stage ran to its end."""
@@ -629,14 +700,17 @@ def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
     return {"stopped": True}
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
+    log.info("final evaluation into %s", os.path.join(ctx.workdir, "eval"))
     ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
     results["eval"] = ev["macro"]
   if ctx.config.export_hf:
     results["hf"] = export_hf(
       params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
     )
+    log.info("exported the final model (HF format) to %s", results["hf"])
   results["plots"] = train_metrics_plots(ctx.workdir)
   (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
+  log.info("done: %s", ctx.workdir)
   return results
 
 
@@ -651,9 +725,15 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
 
 def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
-  model, tokenizer = load_model(config.model, seed=config.seed)
+  config_check.validate(config)
+  with config_check.user_errors("config.model"):
+    model, tokenizer = load_model(config.model, seed=config.seed)
   evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
-  ev = evaluator.final(models.params(model), model.config, os.path.join(workdir, "eval"))
+  write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+  model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
+  ev = evaluator.final(
+    models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
+  )
   return {"eval": ev["macro"]}
 
 

@@ -2,8 +2,11 @@
 
 import io
 import json
+import logging
 import platform
+import re
 import struct
+import types
 
 import jax
 import jax.numpy as jnp
@@ -13,13 +16,17 @@ import pytest
 import yaml
 from tensorboardX.proto import event_pb2
 
+from experiments import logger as logger_lib
 from experiments.logger import (
   METRICS_FILE,
   TENSORBOARD_DIR,
   VERSIONS_FILE,
   ProgressBar,
   RunLogger,
+  StepTimer,
   config_hash,
+  format_seconds,
+  progress_marks,
   read_metrics,
 )
 
@@ -157,6 +164,8 @@ def test_config_and_versions_files(tmp_path):
   assert versions["backend"] == "cpu" and versions["device_kind"]
   for name in ("flax", "optax", "orbax-checkpoint", "numpy"):
     assert versions[name], name
+  assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", versions["git_commit"]), versions["git_commit"]
+  assert logger_lib.git_commit(tmp_path) == "unknown"  # not a checkout
   assert "data" not in versions
   sources = {"data": {"task": "gsm8k", "source_dir": "/d", "rows": np.int64(7), "used": 5}}
   with RunLogger(tmp_path / "b", tensorboard=False, data_sources=sources):
@@ -209,3 +218,68 @@ def test_progress_bar():
     bar.update(loss=0.123456)
   text = shown.getvalue()
   assert "es" in text and "2/5" in text and "loss=0.1235" in text
+
+
+def test_step_timer_lines_and_progress_marks(monkeypatch):
+  clock = iter([100.0, 110.0, 130.0])  # start, after step 3, after step 4 (resumed at step 2)
+  monkeypatch.setattr(logger_lib.time, "perf_counter", lambda: next(clock))
+  timer = StepTimer(10, initial=2, name="es")
+  assert (
+    timer.line(3, 0.25, 10.0)
+    == "es step 3/10 | train/reward 0.2500 | 10.00 s/step | ETA 1 min 10 s"
+  )
+  line = timer.line(4, None)  # 15 s per step so far, 6 steps left
+  assert line == "es step 4/10 | 15.00 s/step | ETA 1 min 30 s"
+  assert format_seconds(7300) == "2 h 01 min" and format_seconds(float("nan")) == "?"
+  assert progress_marks(25, 0) == {3, 6, 9, 12, 15, 18, 21, 24, 25}
+  assert progress_marks(25, 20) == {21, 24, 25} and progress_marks(1, 0) == {1}
+
+
+@pytest.fixture
+def cli_logging(request):
+  """experiments.main's logging setup at verbosity `request.param`, undone afterwards."""
+  from absl import logging as absl_logging
+
+  from experiments import main
+
+  names = ("", "experiments", "es_jax", *main.QUIET_LOGGERS)
+  levels = {n: logging.getLogger(n).level for n in names}
+  absl_level = absl_logging.get_verbosity()
+  logging.getLogger().setLevel(logging.INFO)  # as absl.app leaves it
+  absl_logging.set_verbosity(absl_logging.INFO)
+  main.setup_logging(request.param)
+  yield request.param
+  for n, level in levels.items():
+    logging.getLogger(n).setLevel(level)
+  absl_logging.set_verbosity(absl_level)
+
+
+@pytest.mark.parametrize("cli_logging", [0, 1], indirect=True, ids=["default", "verbosity1"])
+def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplog, cli_logging):
+  from experiments import train_lib
+  from experiments.configs import demo
+
+  config = ml_collections.ConfigDict(demo.get_config("smoke").to_dict())
+  config.method, config.progress, config.eval.every = "es", False, 0
+  config.checkpoint.async_save = False
+  ctx = types.SimpleNamespace(config=config, workdir=str(tmp_path), base_params=None)
+  stage = train_lib.Stage("es", 2, str(tmp_path / "checkpoints"))
+  state = {"w": jnp.zeros(3)}
+  loop = train_lib.Loop(ctx, stage, state)
+  for step in loop.steps():
+    loop.end_step(step, state, {"train/reward": 0.5 * step})
+  loop.close()
+  lines = [r.getMessage() for r in caplog.records if r.name == "experiments.train_lib"]
+  steps = [m for m in lines if " step " in m]
+  assert len(steps) == 2, lines
+  assert steps[0].startswith("es step 1/2 | train/reward 0.5000 |") and "ETA" in steps[0]
+  assert steps[1].startswith("es step 2/2 | train/reward 1.0000 |") and steps[1].endswith("ETA 0 s")
+  assert (tmp_path / "checkpoints" / "2").exists()
+  orbax = [r for r in caplog.records if r.levelno < logging.WARNING and r.name == "absl"]
+  if cli_logging == 0:  # Orbax logs its INFO lines through absl
+    assert not orbax, [r.getMessage() for r in orbax[:5]]
+  else:
+    assert orbax  # --verbosity=1 shows them
+  rows = read_metrics(tmp_path)
+  per_step = config.data.prompts_per_step * config.es.population_size
+  assert [r["train/samples"] for r in rows] == [per_step, 2 * per_step]

@@ -106,8 +106,21 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   for name, (m1, m2) in (("grpo_es", ("grpo", "es")), ("es_grpo", ("es", "grpo"))):
     workdir = tmp_path / name
     _assert_run_outputs(str(workdir), str(workdir / f"stage2_{m2}" / "checkpoints"))
-    stages = {r["stage"] for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0}
-    assert stages == {f"1_{m1}", f"2_{m2}"}
+    rows = [r for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0]
+    assert {r["stage"] for r in rows} == {f"1_{m1}", f"2_{m2}"}
+    # train/samples: cumulative completions, continued by the second stage.
+    n1, n2 = sequential.split_budget(config.sequential.total_steps, 0.5)
+    per_step = [train_lib.samples_per_step(config, m) for m in (m1, m2)]
+    total = n1 * per_step[0] + n2 * per_step[1]
+    samples = [r["train/samples"] for r in rows if "train/samples" in r]
+    assert samples == sorted(set(samples)) and samples[-1] == total
+    assert all(isinstance(r["train/reward"], float) for r in rows if "train/samples" in r)
+  # The base evaluation records its config, versions and model like a training run.
+  assert json.load(open(tmp_path / "base" / "config.json"))["method"] == "evaluate"
+  assert "git_commit" in json.load(open(tmp_path / "base" / "versions.json"))
+  (meta,) = [f for f in os.listdir(tmp_path / "base" / "eval") if f.endswith(".meta.json")]
+  run_info = json.load(open(tmp_path / "base" / "eval" / meta))["run_info"]
+  assert run_info["model"]["preset"] == config.model.preset
   report = open(tmp_path / "report.md").read()
   head = next(ln for ln in report.splitlines() if ln.startswith("| method |"))
   head = [c.strip() for c in head.strip("|").split("|")]
@@ -127,6 +140,10 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert row["eval min"] != "n/a" and float(row["eval min"]) >= 0.0
     if name != "base":
       assert float(row["train min"]) > 0.0 and float(row["drift"]) > 0.0
+  # Rerun: every run is finished; the report is rebuilt from the same files, minutes included.
+  table = [ln for ln in report.splitlines() if ln.startswith("| ")]
+  demo.run(config, str(tmp_path))
+  assert [ln for ln in open(tmp_path / "report.md").read().splitlines() if ln.startswith("| ")] == table
   for png in ("pareto.png", "pass_at_k.png", "entropy.png", "reward.png"):
     assert os.path.getsize(tmp_path / png) > 1000
 
@@ -474,3 +491,15 @@ def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   )  # a larger budget continues the run
   es.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
+
+
+def test_demo_minutes_add_up_over_attempts(tmp_path, monkeypatch):
+  clock = iter([0.0, 30.0, 100.0, 145.0])
+  monkeypatch.setattr(demo.time, "perf_counter", lambda: next(clock))
+  run_dir = str(tmp_path / "es")
+  assert math.isnan(demo._seconds(run_dir))  # never run: the report shows "-"
+  with pytest.raises(KeyboardInterrupt), demo._timed(run_dir):
+    raise KeyboardInterrupt  # an interrupted first attempt still counts
+  with demo._timed(run_dir):
+    pass
+  assert demo._seconds(run_dir) == 75.0

@@ -26,17 +26,19 @@ import os
 import ml_collections
 
 SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
-METHODS = (
-  "es",
-  "grpo",
-  "sequential",
-  "evaluate",
-  "demo",
-  "sparsity",
-  "population_sweep",
-  "diversity",
-  "report",
-)
+# The one method table: config.method -> the runner "module:function(config, workdir)" that
+# experiments.main calls.
+METHODS = {
+  "es": "experiments.es:run",
+  "grpo": "experiments.grpo:run",
+  "sequential": "experiments.sequential:run",
+  "evaluate": "experiments.train_lib:evaluate_run",
+  "demo": "experiments.demo:run",
+  "sparsity": "experiments.sparsity:run",
+  "population_sweep": "experiments.population_sweep:run",
+  "diversity": "experiments.diversity:run",
+  "report": "experiments.report:run",
+}
 
 
 def base_config() -> ml_collections.ConfigDict:

@@ -1,0 +1,436 @@
+"""Validation of an experiment config before anything is loaded: every field's type and range.
+
+`validate(config)` walks `schema()` (dotted field -> rule) and raises `ConfigError` with one line
+naming the full dotted field, its value and what is allowed, e.g.
+
+    config.eval.temperature=nan is invalid: need a finite number >= 0.
+
+Choices come from the registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
+shaping or reward is accepted without touching this module. `check_workdir(config, workdir)`
+refuses to resume a workdir whose saved config.json names another method. `unknown_key_message`
+turns an unknown `--config.a.b` override into one line with close matches.
+
+`main` and the runners' `run` call `validate`, so library callers get the same checks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import functools
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+TRAINING = ("es", "grpo", "sequential")  # the methods whose checkpoints a workdir resumes
+
+
+class ConfigError(ValueError):
+  """A user error (a config value, a missing file, a workdir mismatch), reported in one line."""
+
+
+# A rule returns None when the value is allowed, else the text saying what is allowed.
+Rule = Callable[[Any], str | None]
+
+
+def fail(field: str, value: Any, need: str) -> ConfigError:
+  """The error for `config.<field>=<value>` with what is allowed."""
+  return ConfigError(f"config.{field}={value!r} is invalid: {need}.")
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+  return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def integer(low: int = 1, *, none_ok: bool = False) -> Rule:
+  """An int >= `low` (None too when `none_ok`)."""
+
+  def rule(x):
+    if none_ok and x is None:
+      return None
+    if _is_int(x) and x >= low:
+      return None
+    return f"need an int >= {low}" + (" or None" if none_ok else "")
+
+  return rule
+
+
+def number(low: float = 0.0, high: float | None = None, *, low_open=False, high_open=False) -> Rule:
+  """A finite number in [low, high] (either end open when asked; `high` None = no bound)."""
+  left = "(" if low_open else "["
+  right = ")" if high_open else "]"
+  if high is None:
+    need = f"need a finite number {'>' if low_open else '>='} {low:g}"
+  else:
+    need = f"need a finite number in {left}{low:g}, {high:g}{right}"
+
+  def rule(x):
+    if not (_is_number(x) and math.isfinite(x)):
+      return need
+    if x < low or (low_open and x == low):
+      return need
+    if high is not None and (x > high or (high_open and x == high)):
+      return need
+    return None
+
+  return rule
+
+
+POSITIVE = number(0.0, low_open=True)
+NON_NEGATIVE = number(0.0)
+PROBABILITY = number(0.0, 1.0, low_open=True)  # top_p and the like: (0, 1]
+FRACTION = number(0.0, 1.0, low_open=True, high_open=True)
+
+
+def one_of(choices: Iterable[Any]) -> Rule:
+  choices = tuple(choices)
+
+  def rule(x):
+    try:
+      ok = x in choices
+    except TypeError:  # unhashable
+      ok = False
+    return None if ok else f"use one of {choices}"
+
+  return rule
+
+
+def boolean(x: Any) -> str | None:
+  return None if isinstance(x, bool) else "need True or False"
+
+
+def mapping(x: Any) -> str | None:
+  return None if isinstance(x, Mapping) or hasattr(x, "keys") else "need a dict"
+
+
+def text(*, empty_ok: bool = True) -> Rule:
+  def rule(x):
+    if isinstance(x, str) and (empty_ok or x):
+      return None
+    return "need a string" if empty_ok else "need a non-empty string"
+
+  return rule
+
+
+def int_sequence(low: int = 1) -> Rule:
+  """A non-empty list/tuple of ints >= low."""
+
+  def rule(x):
+    ok = isinstance(x, list | tuple) and len(x) > 0 and all(_is_int(v) and v >= low for v in x)
+    return None if ok else f"need a non-empty tuple of ints >= {low}"
+
+  return rule
+
+
+def number_sequence(inner: Rule, need: str) -> Rule:
+  def rule(x):
+    ok = isinstance(x, list | tuple) and len(x) > 0 and all(inner(v) is None for v in x)
+    return None if ok else need
+
+  return rule
+
+
+def comma_list(choices: Iterable[str] | None = None, *, ints_from: int | None = None) -> Rule:
+  """A comma-separated string of names from `choices`, or of ints >= `ints_from`."""
+  choices = None if choices is None else tuple(choices)
+
+  def rule(x):
+    items = [s.strip() for s in x.split(",") if s.strip()] if isinstance(x, str) else []
+    if choices is not None:
+      ok = bool(items) and all(s in choices for s in items)
+      return None if ok else f"need a comma-separated list of {choices}"
+    ok = bool(items) and all(s.lstrip("-").isdigit() and int(s) >= ints_from for s in items)
+    return None if ok else f"need comma-separated ints >= {ints_from}, e.g. '8,16,32'"
+
+  return rule
+
+
+def reward_or_task(*, empty_ok: bool) -> Rule:
+  """A name `es_jax.rewards.get_reward` knows (a reward, a task, or reasoning_gym/<task>)."""
+  from es_jax import rewards
+
+  def rule(x):
+    if empty_ok and x == "":
+      return None
+    if isinstance(x, str) and (x.startswith("reasoning_gym/") or x in rewards.TASK_REWARDS):
+      return None
+    known = sorted(rewards.TASK_REWARDS)
+    return f"use a reward or task of es_jax.rewards ({known}) or 'reasoning_gym/<task>'"
+
+  return rule
+
+
+def task_name(x: Any) -> str | None:
+  """A task `es_jax.data.load_task` knows."""
+  from es_jax import data
+
+  if isinstance(x, str) and (x.startswith("reasoning_gym/") and len(x) > 14 or x in data.TASKS):
+    return None
+  return f"use one of {tuple(data.TASKS)} or 'reasoning_gym/<task>'"
+
+
+@functools.cache
+def schema() -> dict[str, Rule]:
+  """Dotted field -> rule, for every field of `experiments.configs.base.base_config`."""
+  # Imported here: these modules import this one (through train_lib).
+  from es_jax import fitness, metrics, models
+  from es_jax import grpo as grpo_lib
+  from experiments import demo, diversity, es, evaluate, grpo, sequential
+  from experiments.configs import base
+
+  model_sources = (*evaluate.MODEL_SOURCES, "random")
+  return {
+    "method": one_of(base.METHODS),
+    "seed": integer(0),
+    "model.source": one_of(model_sources),
+    "model.path": text(),
+    "model.base_source": one_of(s for s in evaluate.MODEL_SOURCES if s != "orbax"),
+    "model.base_path": text(),
+    "model.preset": one_of(("", *sorted(models.PRESETS))),
+    "model.dtype": one_of(evaluate.MODEL_DTYPES),
+    "data.task": task_name,
+    "data.split": text(empty_ok=False),
+    "data.limit": integer(1, none_ok=True),
+    "data.task_config": mapping,
+    "data.data_dir": text(),
+    "data.source_dir": text(),
+    "data.reward": reward_or_task(empty_ok=True),
+    "data.prompts_per_step": integer(1),
+    "data.shuffle": boolean,
+    "eval.task": task_name,
+    "eval.split": text(empty_ok=False),
+    "eval.limit": integer(1),
+    "eval.task_config": mapping,
+    "eval.data_dir": text(),
+    "eval.source_dir": text(),
+    "eval.num_samples": integer(1),
+    "eval.temperature": NON_NEGATIVE,
+    "eval.top_p": PROBABILITY,
+    "eval.max_new_tokens": integer(1),
+    "eval.batch_size": integer(1),
+    "eval.ks": int_sequence(1),
+    "eval.every": integer(0),
+    "eval.periodic_limit": integer(1),
+    "eval.periodic_num_samples": integer(1),
+    "eval.final": boolean,
+    "eval.extra_tasks": lambda x: None if isinstance(x, list | tuple) else "need a list",
+    "es.num_steps": integer(1),
+    "es.population_size": integer(1),
+    "es.sigma": POSITIVE,
+    "es.learning_rate": POSITIVE,
+    "es.optimizer": one_of(es.OPTIMIZERS),
+    "es.shaping": one_of(sorted(fitness.SHAPINGS)),
+    "es.antithetic": boolean,
+    "es.share_sample_key": boolean,
+    "es.rank": integer(0),
+    "es.low_rank_vectors": one_of(("full", "frozen")),
+    "es.precision": one_of(es.PRECISIONS),
+    "es.members_per_chunk": integer(1),
+    "es.max_new_tokens": integer(1),
+    "es.temperature": NON_NEGATIVE,
+    "es.top_p": PROBABILITY,
+    "grpo.num_steps": integer(1),
+    "grpo.num_generations": integer(2),
+    "grpo.learning_rate": POSITIVE,
+    "grpo.weight_decay": NON_NEGATIVE,
+    "grpo.max_grad_norm": POSITIVE,
+    "grpo.master_dtype": one_of(grpo.MASTER_DTYPES),
+    "grpo.remat": boolean,
+    "grpo.beta": NON_NEGATIVE,
+    "grpo.eps_low": NON_NEGATIVE,
+    "grpo.eps_high": NON_NEGATIVE,
+    "grpo.aggregation": one_of(grpo_lib.AGGREGATIONS),
+    "grpo.advantage_std": one_of(tuple(grpo.ADVANTAGE_STD)),
+    "grpo.mini_batch_size": integer(0),
+    "grpo.micro_batch_size": integer(1),
+    "grpo.max_new_tokens": integer(1),
+    "grpo.temperature": POSITIVE,
+    "grpo.top_p": PROBABILITY,
+    "sequential.order": one_of(tuple(sequential.ORDERS)),
+    "sequential.kl_reference": one_of(sequential.KL_REFERENCES),
+    "sequential.total_steps": integer(2),
+    "sequential.first_fraction": FRACTION,
+    "checkpoint.every": integer(1),
+    "checkpoint.keep": integer(1),
+    "checkpoint.async_save": boolean,
+    "export_hf": boolean,
+    "mesh.pop": integer(0),
+    "mesh.model": integer(1),
+    "progress": boolean,
+    "demo.runs": comma_list(tuple(demo.RUNS)),
+    "population_sweep.sizes": comma_list(ints_from=2),
+    "population_sweep.window": integer(1),
+    "population_sweep.tolerance": NON_NEGATIVE,
+    "population_sweep.evaluate": boolean,
+    "sparsity.tuned": text(),
+    "sparsity.taus": number_sequence(POSITIVE, "need a non-empty tuple of finite numbers > 0"),
+    "sparsity.top_fraction": PROBABILITY,
+    "diversity.run": text(),
+    "diversity.step": integer(-1),
+    "diversity.key_step": integer(-1),
+    "diversity.population_size": integer(0),
+    "diversity.sigma": NON_NEGATIVE,
+    "diversity.num_samples": integer(1),
+    "diversity.temperature": POSITIVE,
+    "diversity.limit": integer(1),
+    "diversity.prompts_per_call": integer(1),
+    "diversity.pol_prompts": integer(1),
+    "diversity.pol_samples": integer(1),
+    "diversity.bootstrap": integer(1),
+    "diversity.correction": one_of(metrics.JS_CORRECTIONS),
+    "diversity.kinds": comma_list(tuple(diversity.KINDS)),
+    "diversity.checkpoints": boolean,
+  }
+
+
+_MISSING = object()
+
+
+def _get(config: Any, dotted: str) -> Any:
+  node = config
+  for part in dotted.split("."):
+    if not isinstance(node, Mapping) and not hasattr(node, "keys"):
+      return _MISSING
+    if part not in node:
+      return _MISSING
+    node = node[part]
+  return node
+
+
+def _cross_checks(config: Any) -> None:
+  """Rules that involve two fields."""
+  es, grpo, model = config.es, config.grpo, config.model
+  if es.antithetic and es.population_size % 2:
+    raise fail(
+      "es.population_size",
+      es.population_size,
+      "es.antithetic=True pairs members: use an even population size",
+    )
+  if es.precision == "reference":  # the reference code's plain ES step, nothing else
+    for field, ok, need in (
+      ("optimizer", es.optimizer == "sgd", "sgd"),
+      ("rank", int(es.rank) == 0, "0 (full rank)"),
+      ("antithetic", not es.antithetic, "False"),
+      ("shaping", es.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
+    ):
+      if not ok:
+        raise fail(f"es.{field}", es[field], f"es.precision='reference' needs {need}")
+  rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
+  if grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
+    raise fail(
+      "grpo.mini_batch_size",
+      grpo.mini_batch_size,
+      f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
+    )
+  if model.source == "random" and not model.preset:
+    raise fail("model.preset", model.preset, "model.source='random' needs a preset")
+  if model.source in ("hf", "gguf", "orbax") and not model.path:
+    raise fail("model.path", model.path, f"model.source={model.source!r} needs a path")
+
+
+def validate(config: Any) -> Any:
+  """Checks every field of `schema()` present in `config`, then the cross-field rules.
+
+  Args:
+    config: a ConfigDict (or nested mapping) built from `base_config()`.
+
+  Returns:
+    `config`, unchanged.
+
+  Raises:
+    ConfigError: one line naming the dotted field, the value and what is allowed.
+  """
+  for field, rule in schema().items():
+    value = _get(config, field)
+    if value is _MISSING:
+      continue
+    need = rule(value)
+    if need is not None:
+      raise fail(field, value, need)
+  if all(_get(config, s) is not _MISSING for s in ("es", "grpo", "model", "data")):
+    _cross_checks(config)
+  return config
+
+
+def check_workdir(config: Any, workdir: str) -> None:
+  """Refuses to resume a workdir whose checkpoints were written by another method.
+
+  Raises:
+    ConfigError: workdir/config.json names another `method` and the workdir holds checkpoints.
+  """
+  path = os.path.join(os.fspath(workdir), "config.json")
+  if "://" in path or not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      saved = json.load(f).get("method")
+  except (OSError, ValueError, AttributeError):
+    return
+  if saved == config.method or saved not in TRAINING or config.method not in TRAINING:
+    return
+  if any("checkpoints" in dirs for _, dirs, _ in os.walk(workdir)):
+    raise ConfigError(
+      f"{workdir} holds a method={saved!r} run but config.method={config.method!r}: resume with "
+      f"--config.method={saved}, or use a new workdir."
+    )
+
+
+def close_matches(name: str, known: Sequence[str]) -> list[str]:
+  return difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+
+
+def all_fields(config: Any, prefix: str = "") -> list[str]:
+  """The dotted names of every leaf and section of a (nested) config."""
+  out = []
+  for k in config.keys():
+    out.append(prefix + k)
+    v = config[k]
+    if hasattr(v, "keys") and not isinstance(v, str):
+      out += all_fields(v, f"{prefix}{k}.")
+  return out
+
+
+def unknown_key_message(config: Any, dotted: str) -> str:
+  """One line for an override of a key the config does not have, with close matches."""
+  fields = all_fields(config)
+  parent, _, leaf = dotted.rpartition(".")
+  siblings = [
+    f for f in fields if f.rpartition(".")[0] == parent and "." not in f[len(parent) + 1 :]
+  ]
+  leaves = {f.rpartition(".")[2]: f for f in siblings}
+  hint = [leaves[m] for m in close_matches(leaf, list(leaves))]  # same section first
+  hint += [f for f in close_matches(dotted, fields) if f not in hint]
+  if hint:
+    return f"config.{dotted} is not a config field; did you mean {', '.join(hint[:3])}?"
+  if siblings and parent:
+    return f"config.{dotted} is not a config field; config.{parent} has {', '.join(leaves)}."
+  return f"config.{dotted} is not a config field."
+
+
+def compact(config: Any) -> str:
+  """The resolved config on a few lines: one per section, `key=value` pairs."""
+  d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  top = [f"{k}={v!r}" for k, v in d.items() if not isinstance(v, Mapping)]
+  lines = ["config: " + " ".join(top)]
+  for k, v in d.items():
+    if isinstance(v, Mapping):
+      lines.append(f"  {k}: " + " ".join(f"{kk}={vv!r}" for kk, vv in v.items()))
+  return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def user_errors(what: str):
+  """Turns ValueError / OSError raised inside (bad data, a missing file) into a ConfigError
+  prefixed with `what` (e.g. "config.data"); the original stays chained as the cause."""
+  try:
+    yield
+  except ConfigError:
+    raise
+  except (ValueError, OSError) as e:
+    raise ConfigError(f"{what}: {e}") from e

@@ -1,0 +1,156 @@
+"""Tests for experiments.config_check and the CLI's one-line errors: every field checked when the
+config is loaded, unknown keys with close matches, a workdir holding another method's run."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from experiments import config_check, main, train_lib
+from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
+from experiments.configs import demo as demo_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _with(config, **fields):
+  """A copy of `config` with dotted `fields` ("es.sigma" written es__sigma) set, locked."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for dotted, value in fields.items():
+    *parents, leaf = dotted.split("__")
+    node = c
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  c.lock()
+  return c
+
+
+def test_shipped_configs_pass():
+  for config in (
+    demo_config.get_config(),
+    demo_config.get_config("smoke"),
+    gsm8k_easy.get_config(),
+    gsm8k_easy.get_config("smoke"),
+    deepscaler_hard.get_config(),
+    coverage_study.get_config("coverage"),
+    base.base_config(),
+  ):
+    assert config_check.validate(config) is config
+
+
+@pytest.mark.parametrize(
+  "field, value, allowed",
+  [
+    ("eval.temperature", float("nan"), "finite number >= 0"),
+    ("es.learning_rate", float("inf"), "finite number > 0"),
+    ("es.temperature", -1.0, ">= 0"),
+    ("es.top_p", 0.0, "(0, 1]"),
+    ("eval.ks", (0,), "ints >= 1"),
+    ("seed", -1, "int >= 0"),
+    ("es.shaping", "rank", "centered_rank"),
+    ("data.reward", "nope", "reasoning_gym/<task>"),
+    ("model.dtype", "fp8", "bfloat16"),
+    ("es.precision", "fp16", "bf16_faithful"),
+    ("method", "train", "population_sweep"),
+    ("grpo.num_generations", 1, "int >= 2"),
+    ("sequential.first_fraction", 1.0, "(0, 1)"),
+    ("es.population_size", 0, "int >= 1"),
+    ("data.task", "gsm9k", "gsm8k"),
+    ("demo.runs", "es,ppo", "grpo_es"),
+  ],
+)
+def test_bad_values_are_refused_naming_the_dotted_field(field, value, allowed):
+  config = _with(demo_config.get_config("smoke"), **{field.replace(".", "__"): value})
+  with pytest.raises(config_check.ConfigError) as e:
+    config_check.validate(config)
+  message = str(e.value)
+  assert message.startswith(f"config.{field}={value!r} is invalid"), message
+  assert allowed in message and "\n" not in message
+
+
+def test_cross_field_rules():
+  smoke = demo_config.get_config("smoke")
+  for fields, name in (
+    (dict(es__antithetic=True, es__population_size=5), "config.es.population_size=5"),
+    (dict(es__precision="reference", es__rank=4), "config.es.rank=4"),
+    (dict(grpo__mini_batch_size=3), "config.grpo.mini_batch_size=3"),
+    (dict(model__source="hf", model__path=""), "config.model.path=''"),
+  ):
+    with pytest.raises(config_check.ConfigError, match=name):
+      config_check.validate(_with(smoke, **fields))
+
+
+def test_make_context_validates_before_loading(monkeypatch):
+  def no_loading(*args, **kwargs):
+    raise AssertionError("the model was loaded before the config was checked")
+
+  monkeypatch.setattr(train_lib, "load_model", no_loading)
+  config = _with(demo_config.get_config("smoke"), method="es", es__shaping="bogus")
+  with pytest.raises(config_check.ConfigError, match=r"config\.es\.shaping='bogus'"):
+    train_lib.make_context(config, "/nonexistent/workdir")
+
+
+def test_unknown_key_names_the_dotted_key_and_close_matches():
+  config = demo_config.get_config("smoke")
+  message = config_check.unknown_key_message(config, "es.populaton_size")
+  assert message.startswith("config.es.populaton_size is not a config field")
+  assert "es.population_size" in message
+  assert "did you mean seed" in config_check.unknown_key_message(config, "sed")
+  listed = config_check.unknown_key_message(config, "es.bogus")
+  assert "config.es has" in listed and "sigma" in listed
+
+
+def test_resuming_another_methods_workdir_is_refused(tmp_path):
+  (tmp_path / "checkpoints").mkdir()
+  (tmp_path / "config.json").write_text(json.dumps({"method": "es"}))
+  grpo = _with(demo_config.get_config("smoke"), method="grpo")
+  with pytest.raises(config_check.ConfigError, match=r"method='es' run but config.method='grpo'"):
+    config_check.check_workdir(grpo, str(tmp_path))
+  config_check.check_workdir(_with(grpo, method="es"), str(tmp_path))  # the same method resumes
+  config_check.check_workdir(_with(grpo, method="evaluate"), str(tmp_path))  # nothing to resume
+  (tmp_path / "checkpoints").rmdir()
+  config_check.check_workdir(grpo, str(tmp_path))  # no checkpoint: nothing would be mixed
+
+
+def test_user_errors_wrap_loading_errors_with_their_field():
+  with pytest.raises(config_check.ConfigError, match=r"^config\.data: load_task: boom") as e:
+    with config_check.user_errors("config.data"):
+      raise ValueError("load_task: boom")
+  assert isinstance(e.value.__cause__, ValueError)
+  with pytest.raises(KeyError):  # other exceptions (bugs) pass through unchanged
+    with config_check.user_errors("config.data"):
+      raise KeyError("x")
+
+
+def test_show_tracebacks_flag_and_env(monkeypatch):
+  monkeypatch.delenv("ES_JAX_TRACEBACK", raising=False)
+  assert not main.show_tracebacks(["prog", "--config=x.py"])
+  assert main.show_tracebacks(["prog", "--verbosity=1"])
+  monkeypatch.setenv("ES_JAX_TRACEBACK", "1")
+  assert main.show_tracebacks(["prog"])
+
+
+def _cli(*args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  env.pop("XLA_FLAGS", None)
+  env.pop("ES_JAX_TRACEBACK", None)
+  command = [sys.executable, "-m", "experiments.main", "--workdir=/nonexistent/cli_test", *args]
+  return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_user_errors_are_one_line_with_exit_status_2():
+  smoke = f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}:smoke"
+  for args, expected in (
+    ((smoke, "--config.es.populaton_size=8"), "error: config.es.populaton_size is not a config"),
+    ((smoke, "--config.eval.temperature=nan"), "error: config.eval.temperature=nan is invalid"),
+    (("--config=experiments/configs/nope.py",), "error: --config:"),
+  ):
+    out = _cli(*args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith(expected), out.stderr[-2000:]
+    assert "Traceback" not in out.stderr
