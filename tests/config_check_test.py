@@ -1,6 +1,7 @@
 """Tests for experiments.config_check and the CLI's one-line errors: every field checked when the
 config is loaded, unknown keys with close matches, a workdir holding another method's run."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -154,3 +155,25 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(expected), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+
+
+def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
+  from flax import nnx
+  from tiny_models import tiny_tokenizer
+
+  from es_jax import models
+
+  loaded = []
+
+  def tiny_model(model_config, *, seed=0):  # the bundled tokenizer's 49k vocabulary is slow here
+    loaded.append(model_config.preset)
+    cfg = dataclasses.replace(models.get_config(model_config.preset), vocab_size=256)
+    return models.Transformer(cfg, rngs=nnx.Rngs(seed)), tiny_tokenizer()
+
+  monkeypatch.setattr(train_lib, "load_model", tiny_model)
+  workdir = tmp_path / "run"
+  summary = main.dry_run(_with(demo_config.get_config("smoke"), method="es"), str(workdir))
+  assert loaded == ["tiny-llama"] and summary["dry_run"] is True
+  assert summary["model_parameters"] > 0 and summary["mesh"] == {"pop": 1, "model": 1}
+  assert summary["train_examples"] == 16 and summary["eval_problems"] == 4
+  assert not workdir.exists()  # nothing trained, no file written
