@@ -262,7 +262,9 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
   config = ml_collections.ConfigDict(demo.get_config("smoke").to_dict())
   config.method, config.progress, config.eval.every = "es", False, 0
   config.checkpoint.async_save = False
-  ctx = types.SimpleNamespace(config=config, workdir=str(tmp_path), base_params=None)
+  ctx = types.SimpleNamespace(
+    config=config, workdir=str(tmp_path), base_params=None, data_sources={}
+  )
   stage = train_lib.Stage("es", 2, str(tmp_path / "checkpoints"))
   state = {"w": jnp.zeros(3)}
   loop = train_lib.Loop(ctx, stage, state)

@@ -143,7 +143,8 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   # Rerun: every run is finished; the report is rebuilt from the same files, minutes included.
   table = [ln for ln in report.splitlines() if ln.startswith("| ")]
   demo.run(config, str(tmp_path))
-  assert [ln for ln in open(tmp_path / "report.md").read().splitlines() if ln.startswith("| ")] == table
+  rebuilt = open(tmp_path / "report.md").read().splitlines()
+  assert [ln for ln in rebuilt if ln.startswith("| ")] == table
   for png in ("pareto.png", "pass_at_k.png", "entropy.png", "reward.png"):
     assert os.path.getsize(tmp_path / png) > 1000
 
@@ -492,14 +493,3 @@ def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   es.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
 
-
-def test_demo_minutes_add_up_over_attempts(tmp_path, monkeypatch):
-  clock = iter([0.0, 30.0, 100.0, 145.0])
-  monkeypatch.setattr(demo.time, "perf_counter", lambda: next(clock))
-  run_dir = str(tmp_path / "es")
-  assert math.isnan(demo._seconds(run_dir))  # never run: the report shows "-"
-  with pytest.raises(KeyboardInterrupt), demo._timed(run_dir):
-    raise KeyboardInterrupt  # an interrupted first attempt still counts
-  with demo._timed(run_dir):
-    pass
-  assert demo._seconds(run_dir) == 75.0
