@@ -61,10 +61,22 @@ def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
   return out / jnp.float32(math.sqrt(rank))
 
 
-def _dense_direction(key_of, w_eff, leaf_index, shape):
+def _dense_direction(key_of, w_eff, leaf_index, shape, sharded):
   """``Σ_j w_j ε_j`` for one leaf with dense noise (any leaf in full rank, a vector leaf in low
-  rank): block by block (``noise.map_noise_blocks``), each block's noise regenerated member by
-  member into an fp32 accumulator, members summed in order. Memory: the output plus one block."""
+  rank), each member's noise regenerated into an fp32 accumulator, members summed in order.
+
+  Replicated parameters: block by block (``noise.map_noise_blocks``), memory the output plus
+  one block. ``sharded``: the noise is drawn in the leaf's layout (``noise.leaf_normal``), so
+  under a parameter sharding every device draws and sums only its own shard's entries (a
+  flattened leaf cannot be split like the leaf, and would be gathered). The same numbers.
+  """
+  if sharded:
+
+    def add_member(j, acc):
+      key_leaf = noise_lib.leaf_key(key_of(j), leaf_index)
+      return acc + w_eff[j] * noise_lib.leaf_normal(key_leaf, shape)
+
+    return jax.lax.fori_loop(0, w_eff.shape[0], add_member, jnp.zeros(shape, jnp.float32))
 
   def block(b, acc):  # acc [B]: this block of the sum
     def member(j, acc):
@@ -86,6 +98,7 @@ def es_update_direction(
   antithetic: bool = False,
   rank: int | None = None,
   low_rank_vectors: str = "full",
+  sharded: bool = False,
 ) -> Any:
   """``(1/N) Σ_i w_i ε_i`` in float32, a pytree like ``params``.
 
@@ -105,6 +118,10 @@ def es_update_direction(
     rank: None (full rank) or the EGGROLL rank ``r``.
     low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
       false) in low rank.
+    sharded: the parameters are split over a mesh axis (``sharding.param_shardings`` with
+      ``model`` > 1): dense noise is drawn in each leaf's layout, on each device's shard only
+      (``noise.leaf_normal``), instead of block by block over the flattened leaf. The same
+      numbers either way; False keeps the update's memory at one block besides the output.
 
   Returns:
     The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
@@ -140,7 +157,7 @@ def es_update_direction(
     elif kind == "frozen":
       d = jnp.zeros(shape, jnp.float32)
     else:
-      d = _dense_direction(key_of, w_eff, l, shape)
+      d = _dense_direction(key_of, w_eff, l, shape, sharded)
     out.append(d * inv_n)
   return treedef.unflatten(out)
 
@@ -195,6 +212,7 @@ def es_gradient(
   antithetic: bool = False,
   rank: int | None = None,
   low_rank_vectors: str = "full",
+  sharded: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """ES search direction as an optax transform (docs/method.md §1-2).
 
@@ -220,6 +238,7 @@ def es_gradient(
     rank: None (full rank) or the EGGROLL rank ``r``.
     low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
       false) in low rank.
+    sharded: params split over a mesh axis; see ``es_update_direction`` (the same update).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.
@@ -251,6 +270,7 @@ def es_gradient(
       antithetic=antithetic,
       rank=rank,
       low_rank_vectors=low_rank_vectors,
+      sharded=sharded,
     )
     return jax.tree.map(jnp.negative, direction), ESState(count=state.count + 1)
 

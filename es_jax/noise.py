@@ -53,6 +53,8 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.extend.random import threefry2x32_p
 
 PRECISIONS = ("fp32", "bf16_faithful")
 # Entries per full-rank noise block (part of the noise definition: changing it changes the noise).
@@ -185,6 +187,69 @@ def map_noise_blocks(flat: jax.Array, block_fn: Any) -> jax.Array:
     return jax.lax.dynamic_update_slice(out, new, (start,))
 
   return jax.lax.fori_loop(0, num_blocks, body, flat)
+
+
+def _flat_index(shape: tuple[int, ...]) -> jax.Array:
+  """uint32 ``[*shape]``: each entry's row-major position in the flattened leaf, from iotas (so
+  the SPMD partitioner computes only the entries of a device's shard)."""
+  flat = jnp.zeros(shape, jnp.uint32)
+  stride = 1
+  for d in reversed(range(len(shape))):
+    flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
+    stride *= shape[d]
+  return flat
+
+
+def leaf_normal(key: jax.Array, shape: Sequence[int]) -> jax.Array:
+  """The full-rank noise of a leaf from its leaf key, drawn entry by entry in the leaf's layout.
+
+  Bit-identical to the block definition (module docstring) under the partitionable threefry
+  PRNG (``jax_threefry_partitionable``, jax's default): there ``normal(k, (B,))[o]`` is
+  ``sqrt(2) erfinv(u(threefry2x32(k, (0, o))))``, a function of the counter ``o`` alone, so
+  entry ``f`` of the flattened leaf is that function at ``(fold_in(key, b(f)), f - s_b(f))``.
+  Computed this way, no flattened copy of the leaf exists: under a parameter sharding (e.g.
+  ``sharding.param_shardings`` over ``'model'``) every device draws only its own shard's entries,
+  with no all-gather, and fused into its consumer (the perturbation or the update's accumulator)
+  nothing larger than the leaf is materialised. Other PRNG implementations fall back to the
+  blocks (``map_noise_blocks``).
+
+  Args:
+    key: the leaf key (``leaf_key(member_key, l)``).
+    shape: the leaf's shape.
+
+  Returns:
+    float32 ``[*shape]``.
+  """
+  shape = tuple(int(d) for d in shape)
+  n = math.prod(shape)
+  if n == 0 or n >= 2**32 or not _counter_based(key):
+    return _normal(key, shape)
+  size = min(NOISE_BLOCK, n)
+  num_blocks = -(-n // size)
+  flat = _flat_index(shape)
+  block = jnp.minimum(flat // jnp.uint32(size), jnp.uint32(num_blocks - 1))
+  offset = flat - jnp.minimum(block * jnp.uint32(size), jnp.uint32(n - size))
+  block_keys = jax.vmap(lambda b: jax.random.key_data(jax.random.fold_in(key, b)))(
+    jnp.arange(num_blocks, dtype=jnp.uint32)
+  )  # [nb, 2] uint32: the block keys of block_normal
+  k = block_keys[block]  # [*shape, 2]
+  hi, lo = threefry2x32_p.bind(k[..., 0], k[..., 1], jnp.zeros(shape, jnp.uint32), offset)
+  bits = hi ^ lo  # jax.random.bits (32-bit, partitionable) at counter `offset`
+  # jax.random.uniform(minval=nextafter(-1, 0), maxval=1), then sqrt(2) erfinv: jax.random.normal.
+  mantissa = jax.lax.shift_right_logical(bits, jnp.uint32(32 - 23)) | jnp.uint32(0x3F800000)
+  floats = jax.lax.bitcast_convert_type(mantissa, jnp.float32) - jnp.float32(1.0)
+  lo_val = jnp.float32(np.nextafter(np.float32(-1.0), np.float32(0.0)))
+  u = jax.lax.max(lo_val, floats * (jnp.float32(1.0) - lo_val) + lo_val)
+  return jnp.float32(np.sqrt(2)) * jax.lax.erf_inv(u)
+
+
+def _counter_based(key: jax.Array) -> bool:
+  """Whether ``key`` draws as ``leaf_normal`` assumes: the threefry PRNG, partitionable mode."""
+  if not jax.config.jax_threefry_partitionable:
+    return False
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return str(jax.random.key_impl(key)) == "threefry2x32"
+  return key.shape == (2,) and key.dtype == jnp.uint32  # raw uint32[2] keys are threefry
 
 
 def _normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -397,11 +462,14 @@ def perturb(
   rank: int | None = None,
   low_rank_vectors: str = "full",
   precision: str = "fp32",
+  sharded: bool = False,
 ) -> Any:
   """``θ + σ ε`` with ``ε = sample_noise(params, key, ...)``, in the params' dtypes.
 
   Full-rank (dense) noise is added block by block as it is drawn (``map_noise_blocks``): besides
-  the result, memory is ``O(NOISE_BLOCK)``. Low-rank noise is materialised here: use it for small
+  the result, memory is ``O(NOISE_BLOCK)``. With ``sharded=True`` (params split over a mesh axis)
+  it is drawn in each leaf's layout instead (``leaf_normal``), so every device draws only its
+  shard's entries; the same numbers. Low-rank noise is materialised here: use it for small
   models, tests and references; large models consume ``LowRankNoise`` inside the forward pass
   instead. Equal to ``apply_noise(params, sample_noise(...), sigma)``; see it for ``precision``.
   """
@@ -414,7 +482,9 @@ def perturb(
     p = jnp.asarray(p)
     is_matrix = is_matrix_leaf(path, p.shape)
     kind = noise_kind(p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
-    if kind == "dense":  # drawn and added one block at a time
+    if kind == "dense" and sharded:  # drawn in the leaf's layout: each device its shard
+      out.append(_add_leaf(p, leaf_normal(leaf_key(key, l), p.shape), sigma, precision))
+    elif kind == "dense":  # drawn and added one block at a time
       key_leaf = leaf_key(key, l)
       flat = map_noise_blocks(
         p.reshape(-1),
@@ -439,6 +509,7 @@ def perturb_member(
   rank: int | None = None,
   low_rank_vectors: str = "full",
   precision: str = "fp32",
+  sharded: bool = False,
 ) -> Any:
   """``θ + σ ε_i`` for population member ``i`` (``member_noise``); ``i`` may be traced/vmapped.
 
@@ -447,5 +518,5 @@ def perturb_member(
   key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
   return perturb(
     params, key, sign * jnp.asarray(sigma, jnp.float32), rank=rank,
-    low_rank_vectors=low_rank_vectors, precision=precision,
+    low_rank_vectors=low_rank_vectors, precision=precision, sharded=sharded,
   )  # fmt: skip

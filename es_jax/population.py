@@ -163,6 +163,8 @@ def population_completions(
   """
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   n_local = population_size // n_dev
+  # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
+  model_sharded = mesh is not None and mesh.shape["model"] > 1
   generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
   if unroll_layers is None:
     unroll_layers = sampling.default_unroll_layers(mesh)
@@ -184,8 +186,9 @@ def population_completions(
           params_i = reference_arithmetic.perturb(params, key_i, sigma)
         else:
           params_i = noise_lib.perturb_member(
-            params, step_key, i, sigma, antithetic=antithetic, precision=precision
-          )
+            params, step_key, i, sigma, antithetic=antithetic, precision=precision,
+            sharded=model_sharded,
+          )  # fmt: skip
         # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute
         # dtype, fused with the perturbation (no float32 member copy).
         params_i = cast_params(params_i, config.jnp_dtype)

@@ -29,7 +29,7 @@ import optax
 
 from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
-from es_jax import metrics, models, population, reference_arithmetic
+from es_jax import metrics, models, population, reference_arithmetic, sharding
 from es_jax.rewards import failure_metrics
 from experiments import train_lib
 
@@ -38,8 +38,13 @@ PRECISIONS = ("fp32", "bf16", "bf16_faithful", "reference")
 log = logging.getLogger(__name__)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformationExtraArgs:
-  """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names."""
+def make_optimizer(
+  cfg: ml_collections.ConfigDict, *, sharded: bool = False
+) -> optax.GradientTransformationExtraArgs:
+  """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names.
+
+  ``sharded``: the weights are split over the mesh's 'model' axis (``es_gradient(sharded=)``).
+  """
   train_lib.check(cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}")
   train_lib.positive_finite(cfg.learning_rate, "es.learning_rate")
   train_lib.positive_finite(cfg.sigma, "es.sigma")
@@ -52,6 +57,7 @@ def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformati
       antithetic=bool(cfg.antithetic),
       rank=int(cfg.rank) or None,
       low_rank_vectors=cfg.low_rank_vectors,
+      sharded=sharded,
     )
   except ValueError as e:
     raise ValueError(f"config.es: {e}") from None
@@ -106,10 +112,12 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
 def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
-  optimizer = make_optimizer(cfg)
+  optimizer = make_optimizer(cfg, sharded=ctx.mesh.shape["model"] > 1)
   rank = int(cfg.rank) or None
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
+  # Placed once (large matrices split over 'model' when it is > 1): the update keeps the layout.
+  params = sharding.place_params(params, ctx.mesh)
   log.info(
     "ES: members run in %s, weights and updates in %s (es.precision=%s)",
     ctx.model_config.dtype,

@@ -338,3 +338,21 @@ def test_perturb_model_params_low_rank_vectors(key):
       # Full-rank: the [L, n] bias is not a rank-r product (here its rows are independent).
       full = noise.perturb_member(params, key, 3, sigma)
       np.testing.assert_array_equal(bq, full["layers"]["bq"])
+
+
+def test_leaf_normal_equals_the_blocks_and_draws_on_shards(key):
+  """noise.leaf_normal (the leaf's layout) is bit-identical to the block definition, a shifted
+  last block included, and sharded over 'model' it equals the unsharded draw."""
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from es_jax import sharding
+
+  for shape in [(5,), (3, 7), (2, 40000), (65536,)]:  # (2, 40000): two blocks, the second shifted
+    want = np.asarray(noise._normal(key, shape))
+    np.testing.assert_array_equal(np.asarray(noise.leaf_normal(key, shape)), want, str(shape))
+  mesh = sharding.make_mesh(pop=4, model=2)
+  draw = jax.jit(
+    lambda k: noise.leaf_normal(k, (2, 40000)), out_shardings=NamedSharding(mesh, P(None, "model"))
+  )
+  np.testing.assert_array_equal(np.asarray(draw(key)), np.asarray(noise._normal(key, (2, 40000))))

@@ -1,13 +1,16 @@
 """es_jax.sharding: mesh shapes and axis types, parameter shardings (sharded forward equals the
 single-device forward), population placement, multi-host detection."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from es_jax import sharding
+from es_jax import es, grpo_train, population, sharding
 from es_jax.models import ModelConfig, forward, param_shapes, positions_from_mask
 
 CONFIG = ModelConfig(
@@ -157,3 +160,191 @@ def test_place_params_keeps_placed_leaves_and_local_rows():
   rows, values = sharding.local_rows(x)
   np.testing.assert_array_equal(rows, np.arange(8))
   np.testing.assert_array_equal(values, np.arange(16).reshape(8, 2))
+
+
+# --- ES and GRPO steps with the parameters split over 'model' -----------------------------------
+
+# The embedding and head (4100 x 16 = 65600 entries) span two noise blocks, the second one
+# shifted back: the update's flattened blocks and a shard's layout really differ.
+STEP_CONFIG = ModelConfig(
+  vocab_size=4100,
+  hidden_size=16,
+  num_layers=1,
+  num_heads=2,
+  num_kv_heads=2,
+  intermediate_size=48,
+  max_position_embeddings=32,
+)  # no shard of one leaf has the shape or size of another whole leaf (the HLO check below)
+N, SIGMA, ALPHA = 8, 0.1, 0.5
+
+
+def _step_params(config, seed=0):
+  rng = np.random.RandomState(seed)
+
+  def build(tree):
+    return {
+      k: build(v)
+      if isinstance(v, dict)
+      else jnp.asarray(
+        1.0 + 0.1 * rng.randn(*v) if k.endswith("norm") else rng.randn(*v) / np.sqrt(v[-2]),
+        jnp.float32,
+      )
+      for k, v in tree.items()
+    }
+
+  return build(param_shapes(config))
+
+
+def _low_half(tokens, mask, vocab_size=CONFIG.vocab_size):
+  """A reward that is a deterministic function of the generated tokens: the fraction in the lower
+  half of the vocabulary."""
+  return ((tokens < vocab_size // 2) & mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+
+
+def _low_tokens(tokens, mask):
+  return _low_half(tokens, mask, STEP_CONFIG.vocab_size)
+
+
+def _es_step(params, mesh, rank, *, min_size=256):
+  """One ES step as experiments/es.py takes it: evaluate, then es_gradient + sgd (jitted)."""
+  sharded = mesh.shape["model"] > 1
+  params = sharding.shard_params(params, mesh, min_size=min_size)
+  rng = np.random.RandomState(3)
+  ids = rng.randint(0, STEP_CONFIG.vocab_size, (2, 4)).astype(np.int32)
+  step_key = jax.random.key(5)
+  fitness, stats = population.evaluate(
+    params, ids, np.ones_like(ids, bool), config=STEP_CONFIG, step_key=step_key, sigma=SIGMA,
+    population_size=N, score_fn=_low_tokens, max_new_tokens=2, mesh=mesh, rank=rank,
+  )  # fmt: skip
+  opt = optax.chain(es.es_gradient(N, SIGMA, rank=rank, sharded=sharded), optax.sgd(ALPHA))
+
+  @jax.jit
+  def apply(p, s, f, k):
+    updates, s = opt.update(p, s, p, fitness=f, key=k)
+    return optax.apply_updates(p, updates)
+
+  new = apply(params, opt.init(params), jnp.asarray(fitness), step_key)
+  return params, fitness, stats, new
+
+
+@pytest.mark.parametrize("rank", [None, 2], ids=["full_rank", "low_rank"])
+def test_es_step_model_sharded_equals_pop_only_and_one_device(rank):
+  """(pop=4, model=2) = (pop=8, model=1) = one device, for one evaluation + update.
+
+  Fitness and completions are compared exactly (greedy tokens of O(1) logits; a flip would show
+  as a different token). The full-rank update is bit-exact: the same noise bits (noise.leaf_normal
+  equals the blocks), the same weights and the same member order in every layout. Low rank
+  contracts the M·r factors in a matmul whose tiling may follow the output shard, so 1e-6 of the
+  weights' scale allows for float32 reassociation of 16 terms, far below the update (> 1e-2).
+  """
+  params = _step_params(STEP_CONFIG)
+  runs = {
+    name: _es_step(params, sharding.make_mesh(pop=pop, model=model), rank)
+    for name, (pop, model) in {"4x2": (4, 2), "8x1": (8, 1), "1x1": (1, 1)}.items()
+  }
+  placed, fitness, stats, new = runs["4x2"]
+  specs = [x.sharding.spec for x in jax.tree.leaves(placed)]
+  assert sum("model" in s for s in specs) >= 5, specs  # the matrices really are split
+  assert new["layers"]["w_up"].sharding.spec == P(None, None, "model")  # and stay split
+  assert len(np.unique(fitness)) > 2, fitness  # rewards vary across members
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new),
+              jax.tree.leaves(params), strict=True))  # fmt: skip
+  assert moved > 1e-2, moved
+  for name in ("8x1", "1x1"):
+    _, fit_o, stats_o, new_o = runs[name]
+    np.testing.assert_array_equal(fit_o, fitness, err_msg=name)
+    np.testing.assert_array_equal(stats_o.completions.tokens, stats.completions.tokens)
+    for (path, a), b in zip(
+      jax.tree_util.tree_flatten_with_path(new_o)[0], jax.tree.leaves(new), strict=True
+    ):
+      where = f"{name} {jax.tree_util.keystr(path)}"
+      if rank is None:
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=where)
+      else:
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-6, err_msg=where)
+
+
+def _full_gathers_and_arrays(hlo, full_shapes):
+  """All-gathers of a compiled (per-device) HLO module whose result is a whole sharded leaf,
+  flattened or not, and every float32 array of such a size (a leaf computed unsharded)."""
+  sizes = {int(np.prod(s)) for s in full_shapes}
+
+  def is_full(dims):
+    shape = tuple(int(d) for d in dims.split(",") if d)
+    return shape in full_shapes or (len(shape) == 1 and shape[0] in sizes)
+
+  gathers = [
+    m.group(0)[:120]
+    for m in re.finditer(r"= (\([^)]*\)|\w+\[[\d,]*\])\S* all-gather\(", hlo)
+    if any(is_full(d) for d in re.findall(r"\w+\[([\d,]*)\]", m.group(1)))
+  ]
+  arrays = sorted({d for d in re.findall(r"f32\[([\d,]*)\]", hlo) if is_full(d)})
+  return gathers, arrays
+
+
+def test_model_sharded_update_and_population_gather_no_parameter():
+  """Compiled with the matrices split over 'model', neither the ES update nor the population's
+  decode all-gathers a parameter or computes a full-size copy of one; the block-wise update
+  (sharded=False) does both, so the check can fail."""
+  mesh = sharding.make_mesh(pop=4, model=2)
+  params = sharding.shard_params(_step_params(STEP_CONFIG), mesh, min_size=256)
+  full = {x.shape for x in jax.tree.leaves(params) if "model" in x.sharding.spec}
+  assert (STEP_CONFIG.vocab_size, 16) in full and len(full) >= 4
+  f, key = jnp.arange(N, dtype=jnp.float32), jax.random.key(0)
+
+  def update_hlo(sharded):
+    opt = optax.chain(es.es_gradient(N, SIGMA, sharded=sharded), optax.sgd(ALPHA))
+    fn = jax.jit(lambda p, s: optax.apply_updates(p, opt.update(p, s, p, fitness=f, key=key)[0]))
+    return fn.lower(params, opt.init(params)).compile().as_text()
+
+  gathers, arrays = _full_gathers_and_arrays(update_hlo(True), full)
+  assert not gathers and not arrays, (gathers, arrays)
+  gathers, arrays = _full_gathers_and_arrays(update_hlo(False), full)
+  assert gathers and arrays  # the flattened blocks: the embedding is gathered
+
+  ids = np.zeros((2, 4), np.int32)
+  program = population.population_completions.lower(
+    params, ids, np.ones_like(ids, bool), key, key, jnp.float32(SIGMA), jnp.float32(0.0),
+    jnp.float32(1.0), config=STEP_CONFIG, population_size=N, members_per_chunk=1, mesh=mesh,
+    antithetic=False, rank=None, low_rank_vectors="full", precision="fp32", max_new_tokens=2,
+    eos_ids=(), pad_id=0, use_top_p=False, share_sample_key=False,
+  )  # fmt: skip
+  hlo = program.compile().as_text()
+  assert "all-gather" in hlo  # activations are gathered over 'model' (the parser sees them)
+  gathers, arrays = _full_gathers_and_arrays(hlo, full)
+  assert not gathers and not arrays, (gathers, arrays)
+
+
+def test_grpo_step_model_sharded_equals_one_device():
+  """grpo_train.init_state + update_step with the params split over 'model' (pop=4 x model=2,
+  rows over 'pop') equal the one-device step. Tolerance as tests/grpo_train_test.py: split
+  contractions (partial sums over 'model') and split rows reorder float32 sums, ~1e-7 relative."""
+  params0 = _params()
+  rng = np.random.RandomState(4)
+  ids = rng.randint(0, CONFIG.vocab_size, (4, 4)).astype(np.int32)
+  mask = np.ones_like(ids, bool)
+  kw = dict(config=CONFIG, key=jax.random.key(2), num_generations=4, max_new_tokens=4)
+  completions, batch = grpo_train.rollout(params0, ids, mask, **kw)
+  rewards = _low_half(np.asarray(completions.tokens), np.asarray(completions.mask)).reshape(4, 4)
+  assert (rewards.std(axis=1) > 0).sum() >= 2, rewards  # groups with non-zero advantages
+  batch, _ = grpo_train.with_advantages(batch, rewards)
+  opt = optax.sgd(0.5)
+  step = dict(config=CONFIG, optimizer=opt, mini_batch_size=8, micro_batch_size=1, beta=0.1)
+  single, m_single = grpo_train.update_step(
+    grpo_train.init_state(params0, opt), batch, params0, **step
+  )
+  mesh = sharding.make_mesh(pop=4, model=2)
+  split = sharding.shard_params(params0, mesh, min_size=256)
+  assert split["layers"]["w_up"].sharding.spec == P(None, None, "model")
+  state = grpo_train.init_state(split, opt, mesh=mesh)
+  sharded, m_sharded = grpo_train.update_step(
+    state, grpo_train.shard_batch(batch, mesh), split, mesh=mesh, **step
+  )
+  assert sharded.params["layers"]["w_up"].sharding.spec[2] == "model"  # still split
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(single.params),
+              jax.tree.leaves(params0), strict=True))  # fmt: skip
+  assert moved > 1e-3, moved
+  for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+  for k in m_single:
+    np.testing.assert_allclose(m_single[k], m_sharded[k], rtol=1e-5, atol=1e-6, err_msg=k)

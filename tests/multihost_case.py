@@ -1,0 +1,102 @@
+"""The ES and GRPO steps tests/multihost_test.py takes in one process and in two (shared by the
+test and tests/multihost_worker.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from es_jax import es, grpo_train, population, sharding
+from es_jax.models import ModelConfig, param_shapes
+
+CONFIG = ModelConfig(
+  vocab_size=32,
+  hidden_size=16,
+  num_layers=1,
+  num_heads=2,
+  num_kv_heads=1,
+  intermediate_size=32,
+  max_position_embeddings=32,
+)
+N, SIGMA, ALPHA = 8, 0.1, 0.5
+
+
+def params(seed: int = 0):
+  rng = np.random.RandomState(seed)
+
+  def build(tree):
+    return {
+      k: build(v)
+      if isinstance(v, dict)
+      else np.asarray(
+        1.0 + 0.1 * rng.randn(*v) if k.endswith("norm") else rng.randn(*v) / np.sqrt(v[-2]),
+        np.float32,
+      )
+      for k, v in tree.items()
+    }
+
+  return build(param_shapes(CONFIG))
+
+
+def low_half(tokens, mask):
+  """Reward: the fraction of generated tokens in the lower half of the vocabulary."""
+  tokens, mask = np.asarray(tokens), np.asarray(mask)
+  return ((tokens < CONFIG.vocab_size // 2) & mask).sum(-1) / np.maximum(mask.sum(-1), 1)
+
+
+def flat(tree, prefix: str = "") -> dict[str, np.ndarray]:
+  """``{prefix + path: value}`` of a pytree of replicated arrays (readable on every process)."""
+  return {
+    prefix + jax.tree_util.keystr(k): np.asarray(
+      v.addressable_shards[0].data if isinstance(v, jax.Array) else v
+    )
+    for k, v in jax.tree_util.tree_leaves_with_path(tree)
+  }
+
+
+def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
+  """evaluate + es_gradient/sgd; `calls` collects the members this process scored."""
+  p = jax.device_put(params(), sharding.replicated(mesh))
+  ids = np.random.RandomState(3).randint(0, CONFIG.vocab_size, (2, 4)).astype(np.int32)
+  step_key = jax.random.key(5)
+
+  def score(tokens, mask):
+    calls.append(len(calls))
+    return low_half(tokens, mask)
+
+  fitness, stats = population.evaluate(
+    p, ids, np.ones_like(ids, bool), config=CONFIG, step_key=step_key, sigma=SIGMA,
+    population_size=N, score_fn=score, max_new_tokens=3, mesh=mesh,
+  )  # fmt: skip
+  opt = optax.chain(es.es_gradient(N, SIGMA), optax.sgd(ALPHA))
+  apply = jax.jit(
+    lambda p, s, f: optax.apply_updates(p, opt.update(p, s, p, fitness=f, key=step_key)[0])
+  )
+  new = apply(p, opt.init(p), jnp.asarray(fitness))
+  return {**flat(new, "es/"), "es_fitness": fitness, "es_members": stats.local_members}
+
+
+def grpo_step(mesh, allgather=None) -> dict[str, np.ndarray]:
+  """rollout (rows over 'pop') → rewards on the host → update_step."""
+  p0 = params()
+  ids = np.random.RandomState(4).randint(0, CONFIG.vocab_size, (4, 4)).astype(np.int32)
+  mask = np.ones_like(ids, bool)
+  opt = optax.sgd(0.5)
+  state = grpo_train.init_state(p0, opt, mesh=mesh)
+  completions, batch = grpo_train.rollout(
+    state.params, ids, mask, config=CONFIG, key=jax.random.key(2), num_generations=4,
+    max_new_tokens=4, mesh=mesh,
+  )  # fmt: skip
+  tokens, cmask = completions.tokens, completions.mask
+  if allgather is not None:  # rows live on both processes: every host needs all of them
+    tokens, cmask = allgather(tokens, tiled=True), allgather(cmask, tiled=True)
+  rewards = low_half(tokens, cmask).reshape(4, 4).astype(np.float32)
+  batch, _ = grpo_train.with_advantages(batch, rewards)
+  ref = grpo_train.replicate(p0, mesh) if mesh is not None else p0
+  new, _ = grpo_train.update_step(
+    state, batch, ref, config=CONFIG, optimizer=opt, mini_batch_size=8, micro_batch_size=1,
+    beta=0.1, mesh=mesh,
+  )  # fmt: skip
+  return {**flat(new.params, "grpo/"), "grpo_rewards": rewards}
