@@ -567,7 +567,10 @@ def test_on_bad_row_from_the_config_section(tmp_path):
     "source_dir": str(tmp_path / "src"),
     "on_bad_row": "raise",
   }
-  with pytest.raises(data.BadRowError, match="line 2"):
+  from experiments import config_check
+
+  with pytest.raises(config_check.ConfigError, match=r"config\.data: .*line 2") as raised:
     train_lib.load_examples(section, "data")
+  assert isinstance(raised.value.__cause__, data.BadRowError)
   examples = train_lib.load_examples({**section, "on_bad_row": "skip"}, "data")
   assert len(examples) == 2 and examples.num_skipped == 1

@@ -368,7 +368,9 @@ def test_second_run_on_a_workdir_in_use_is_refused(tmp_path):
       timeout=120,
     )
     assert second.returncode != 0
-    assert "WorkdirLockedError" in second.stderr and f"pid {first.pid} on host" in second.stderr
+    assert second.returncode == 2  # a user error: one line, no traceback
+    assert "error:" in second.stderr and "Traceback" not in second.stderr
+    assert f"pid {first.pid} on host" in second.stderr
     assert first.poll() is None  # the first run goes on
   finally:
     first.kill()
