@@ -25,6 +25,8 @@ CASES = [
   ("v5e:2x4", _05, "es_population", [*_M4, *_SMALL], 1749554688, 1998413824),
   ("v5e:2x4", _05, "es_update", [], 1091565568, 2079632896),
   ("v5e:2x4", _05, "es_update", _M4, 1677204480, 1924330496),
+  ("v5e:2x4", _05, "grpo_update", ["--config.method=grpo", *_M4, "--config.data.prompts_per_step=16",
+   "--config.grpo.max_new_tokens=512", "--config.grpo.mini_batch_size=64"], 3493617152, 5223791104),
   ("v5e:2x4", _15, "es_population", [], 13.63 * _G, 16.52 * _G),
   ("v6e:2x4", _15, "es_population", [], 14.95 * _G, 17.84 * _G),
   ("v5e:2x4", _15, "es_population", ["--config.es.max_new_tokens=1024"], 11.92 * _G, 14.80 * _G),
