@@ -17,6 +17,7 @@ _05 = "qwen2.5-0.5b"
 _15 = "qwen2.5-1.5b"
 _SMALL = ["--config.data.prompts_per_step=16", "--config.es.max_new_tokens=512"]
 _M4 = ["--config.mesh.model=4", "--config.mesh.pop=2"]
+_GRPO = ["--config.method=grpo", *_M4, "--config.data.prompts_per_step=16"]
 CASES = [
   ("v5e:2x4", _05, "eval", ["--config.eval.max_new_tokens=512"], 2653888000, 3642463232),
   ("v5e:2x4", _05, "es_population", _SMALL, 2755806208, 3744323072),
@@ -25,8 +26,8 @@ CASES = [
   ("v5e:2x4", _05, "es_population", [*_M4, *_SMALL], 1749554688, 1998413824),
   ("v5e:2x4", _05, "es_update", [], 1091565568, 2079632896),
   ("v5e:2x4", _05, "es_update", _M4, 1677204480, 1924330496),
-  ("v5e:2x4", _05, "grpo_update", ["--config.method=grpo", *_M4, "--config.data.prompts_per_step=16",
-   "--config.grpo.max_new_tokens=512", "--config.grpo.mini_batch_size=64"], 3493617152, 5223791104),
+  ("v5e:2x4", _05, "grpo_update", [*_GRPO, "--config.grpo.max_new_tokens=512",
+   "--config.grpo.mini_batch_size=64"], 3493617152, 5223791104),
   ("v5e:2x4", _15, "es_population", [], 13.63 * _G, 16.52 * _G),
   ("v6e:2x4", _15, "es_population", [], 14.95 * _G, 17.84 * _G),
   ("v5e:2x4", _15, "es_population", ["--config.es.max_new_tokens=1024"], 11.92 * _G, 14.80 * _G),
