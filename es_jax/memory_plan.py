@@ -30,6 +30,7 @@ class Chip:
   hbm_bytes: int
   peak_flops: float  # bf16 FLOP/s
   hbm_bandwidth: float  # bytes/s
+  kind: str = ""  # the key in CHIPS ("v5e", ...)
 
 
 # Per chip, from the Cloud TPU system-architecture pages (docs.cloud.google.com/tpu/docs/v4, /v5e,
@@ -37,11 +38,23 @@ class Chip:
 # 16 GB at 819 GB/s; v5p 459 TFLOP/s, 95 GB at 2765 GB/s; v6e 918 TFLOP/s, 32 GB at 1638 GB/s.
 # libtpu's v4 topologies have one device per TensorCore (two per chip): half of each figure.
 CHIPS = {
-  "v4": Chip("TPU v4 (one TensorCore)", 16 * GIB, 275e12 / 2, 1200e9 / 2),
-  "v5e": Chip("TPU v5e", 16 * GIB, 197e12, 819e9),
-  "v5p": Chip("TPU v5p", 95 * GIB, 459e12, 2765e9),
-  "v6e": Chip("TPU v6e", 32 * GIB, 918e12, 1638e9),
+  "v4": Chip("TPU v4 (one TensorCore)", 16 * GIB, 275e12 / 2, 1200e9 / 2, "v4"),
+  "v5e": Chip("TPU v5e", 16 * GIB, 197e12, 819e9, "v5e"),
+  "v5p": Chip("TPU v5p", 95 * GIB, 459e12, 2765e9, "v5p"),
+  "v6e": Chip("TPU v6e", 32 * GIB, 918e12, 1638e9, "v6e"),
 }
+# jax.Device.device_kind of each chip (libtpu 0.0.42.1).
+DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
+                "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}  # fmt: skip
+# Programs each experiment method runs (experiments.tpu_plan compiles the same).
+METHOD_PROGRAMS = {
+  "es": ("es_population", "es_update", "eval"),
+  "grpo": ("grpo_rollout", "grpo_update", "eval"),
+}
+METHOD_PROGRAMS["sequential"] = METHOD_PROGRAMS["demo"] = (
+  METHOD_PROGRAMS["es"] + METHOD_PROGRAMS["grpo"][:2]
+)
+PROMPT_LEN = 256  # padded prompt tokens assumed when the prompts are not known yet
 
 
 def chip_for(topology: str) -> Chip:
@@ -52,21 +65,43 @@ def chip_for(topology: str) -> Chip:
   return CHIPS[kind]
 
 
+def chip_for_device(device: Any) -> Chip | None:
+  """The `Chip` of a jax device (None for an unknown kind). Its HBM is the runtime's
+  `memory_stats()["bytes_limit"]` when the device reports one (a v4 chip then counts as one
+  device with both TensorCores' memory), else the published size."""
+  kind = DEVICE_KINDS.get(str(getattr(device, "device_kind", "")))
+  if kind is None:
+    return None
+  chip = CHIPS[kind]
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # noqa: BLE001 (backends without memory stats raise various errors)
+    stats = {}
+  limit = int(stats.get("bytes_limit") or 0)
+  return dataclasses.replace(chip, hbm_bytes=limit) if limit > 0 else chip
+
+
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """Predicted bytes per chip of one program."""
+  """Predicted bytes per chip of one program (as `compiled.memory_analysis()` counts them)."""
 
   argument: int
   output: int
   temp: int
+  alias: int = 0  # donated arguments that share their buffers with outputs
 
   @property
   def total(self) -> int:
-    return self.argument + self.output + self.temp
+    return self.argument + self.output - self.alias + self.temp
 
 
-def _itemsize(dtype: str) -> int:
+def _itemsize(dtype: str | None) -> int:
   return {"float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype), 4)
+
+
+def _split(n: int, model: int) -> int:
+  """The per-chip size of an axis of `n` that XLA splits over `model` devices (padded)."""
+  return -(-n // model)
 
 
 def _matrix_split(shape: tuple[int, ...], model: int, min_size: int = 2**18) -> int:
@@ -94,9 +129,22 @@ def param_bytes(c: ModelConfig, model: int = 1, dtype: str | None = None) -> int
   return sum(math.prod(s) // _matrix_split(s, model) * size for s in _leaf_shapes(c))
 
 
-def kv_cache_bytes(c: ModelConfig, rows: int, length: int) -> int:
-  """Keys and values of every layer for `rows` sequences of `length` slots."""
-  return 2 * c.num_layers * rows * c.num_kv_heads * c.head_dim * length * _itemsize(c.dtype)
+def largest_leaf_bytes(c: ModelConfig, model: int = 1, dtype: str | None = None) -> int:
+  """Bytes on one chip of the largest parameter leaf (split over `model` as the params are)."""
+  size = _itemsize(dtype or c.dtype)
+  return max(math.prod(s) // _matrix_split(s, model) * size for s in _leaf_shapes(c))
+
+
+def _embed_bytes(c: ModelConfig, model: int = 1, dtype: str | None = None) -> int:
+  s = (c.vocab_size, c.hidden_size)
+  return math.prod(s) // _matrix_split(s, model) * _itemsize(dtype or c.dtype)
+
+
+def kv_cache_bytes(c: ModelConfig, rows: int, length: int, model: int = 1) -> int:
+  """Keys and values of every layer for `rows` sequences of `length` slots, on one chip: the
+  KV-head axis is split over `model` (padded: 2 heads over 4 chips leave 1 per chip)."""
+  kv = _split(c.num_kv_heads, model)
+  return 2 * c.num_layers * rows * kv * c.head_dim * length * _itemsize(c.dtype)
 
 
 def low_rank_bytes(c: ModelConfig, rank: int) -> int:
@@ -110,28 +158,47 @@ def low_rank_bytes(c: ModelConfig, rank: int) -> int:
   return 4 * floats
 
 
-def _decode_temp(c: ModelConfig, rows: int, prompt_len: int, max_new_tokens: int) -> int:
-  """Working buffers of a decode loop over `rows` (cache, logits, prefill activations)."""
+def _decode_temp(
+  c: ModelConfig, rows: int, prompt_len: int, max_new_tokens: int, model: int = 1
+) -> int:
+  """Working buffers of `sampling.generate` on `rows` rows (one chip).
+
+  The peak is the prefill: the KV cache (written by it, live to the end) next to one layer's
+  attention over the whole cache length, [rows, heads, prompt, prompt + budget] scores in
+  float32 and their softmax (float32 too, before the cast) plus the boolean mask of the same
+  shape. Heads follow the KV heads' split over `model`. The decode steps need less: the cache
+  plus [rows, vocab] float32 logits and the sampler's copies of them.
+  """
   length = prompt_len + max_new_tokens
-  cache = kv_cache_bytes(c, rows, length)
-  logits = rows * c.vocab_size * 4  # float32 logits of the current step
-  prefill = rows * prompt_len * max(c.hidden_size, c.intermediate_size) * 4  # one layer's widest
-  outputs = rows * max_new_tokens * 4 * 4  # tokens, logprobs, entropy, mask
-  # The while loop keeps the cache in place; the prefill writes it once: one copy, plus logits
-  # and per-step temporaries (x2: sampling softmax/probabilities next to the logits).
-  return cache + 2 * logits + prefill + outputs
+  cache = kv_cache_bytes(c, rows, length, model)
+  heads = _split(c.num_kv_heads, model) * (c.num_heads // c.num_kv_heads)
+  scores = rows * heads * prompt_len * length
+  logits = 4 * rows * _split(c.vocab_size, model) * 4
+  return cache + 2 * 4 * scores + scores + logits
 
 
 def generate_estimate(
-  c: ModelConfig, *, rows: int, prompt_len: int, max_new_tokens: int, pop: int = 1, model: int = 1
+  c: ModelConfig,
+  *,
+  rows: int,
+  prompt_len: int,
+  max_new_tokens: int,
+  pop: int = 1,
+  model: int = 1,
+  param_dtype: str | None = None,
 ) -> Estimate:
-  """`sampling.generate` on `rows` prompts split over `pop` chips (eval sampling, GRPO rollout)."""
+  """`sampling.generate` on `rows` prompts split over `pop` chips (eval sampling, GRPO rollout).
+
+  `param_dtype`: the dtype the params arrive in (GRPO's float32 masters); generate casts them
+  once to the compute dtype, a copy that stays live through the loop.
+  """
   local = -(-rows // pop)
   out = local * max_new_tokens * (4 + 4 + 4 + 1) + 4 * local
+  cast = 0 if _itemsize(param_dtype or c.dtype) == _itemsize(c.dtype) else param_bytes(c, model)
   return Estimate(
-    argument=param_bytes(c, model) + 2 * local * prompt_len * 4,
+    argument=param_bytes(c, model, param_dtype) + 2 * local * prompt_len * 4,
     output=out,
-    temp=_decode_temp(c, local, prompt_len, max_new_tokens),
+    temp=cast + _decode_temp(c, local, prompt_len, max_new_tokens, model),
   )
 
 
@@ -147,31 +214,53 @@ def population_estimate(
   pop: int = 1,
   model: int = 1,
 ) -> Estimate:
-  """`population.population_completions`: one chunk of M members decoding M x P rows per chip."""
+  """`population.population_completions`: one chunk of M members decoding M x P rows per chip.
+
+  Full rank: the chunk's M perturbed copies of θ in the compute dtype, whole on every chip (the
+  members are made inside the 'pop' shard_map, so they are not split over 'model', and neither is
+  their decode), plus the noise of the member being drawn (split as θ is).
+  """
   M = members_per_chunk
   n_local = population_size // pop
   theta = param_bytes(c, model)
   if rank is None:
-    # M perturbed copies of θ (and the noise of one member while it is drawn, float32).
-    members = M * theta + param_bytes(c, model, "float32")
+    members = M * param_bytes(c) + theta
   else:
     members = M * low_rank_bytes(c, rank)
   out = n_local * num_prompts * max_new_tokens * (4 + 4 + 4 + 1) + 4 * n_local * num_prompts
   return Estimate(
     argument=theta + 2 * num_prompts * prompt_len * 4,
     output=out,
-    temp=members + _decode_temp(c, M * num_prompts, prompt_len, max_new_tokens) + out,
+    temp=members + _decode_temp(c, M * num_prompts, prompt_len, max_new_tokens),
   )
 
 
+# Float32 leaf-sized buffers live at once in the ES update (es_jax.es: the gradient is
+# accumulated leaf by leaf in float32, one member's noise of the leaf drawn at a time): the
+# accumulator and the noise; the v6e compiler overlaps the next leaf's accumulator as well.
+UPDATE_LEAF_BUFFERS = {"v6e": 3}
+
+
 def es_update_estimate(
-  c: ModelConfig, *, population_size: int, optimizer: str = "sgd", model: int = 1
+  c: ModelConfig,
+  *,
+  population_size: int,
+  optimizer: str = "sgd",
+  model: int = 1,
+  chip: str = "",
 ) -> Estimate:
-  """`experiments.es._apply`: θ and the optimizer state, donated; noise regenerated per member."""
+  """`experiments.es._apply`: θ and the optimizer state, donated; the gradient is accumulated
+  in float32 one leaf at a time, so the working set is a few float32 copies of the largest leaf."""
   theta = param_bytes(c, model)
-  state = theta + (2 * param_bytes(c, model, "float32") if optimizer == "adam" else 0)
-  # The gradient accumulates in float32 while one member's noise is drawn at a time.
-  return Estimate(argument=state + 4 * population_size, output=state, temp=3 * theta * 2)
+  moments = 2 * param_bytes(c, model, "float32") if optimizer == "adam" else 0
+  state = theta + moments
+  if model == 1:
+    temp = UPDATE_LEAF_BUFFERS.get(chip, 2) * largest_leaf_bytes(c, 1, "float32")
+  else:
+    # Split weights: each chip still draws the whole leaf's noise (the generator does not split)
+    # and slices its part: three whole float32 leaves (measured on v5e:2x4, model=4).
+    temp = 3 * largest_leaf_bytes(c, 1, "float32")
+  return Estimate(argument=state + 4 * population_size, output=state, alias=state, temp=temp)
 
 
 def grpo_update_estimate(
@@ -184,42 +273,82 @@ def grpo_update_estimate(
   with_reference: bool,
   pop: int = 1,
   model: int = 1,
+  master_dtype: str | None = "float32",
+  remat: bool = False,
 ) -> Estimate:
-  """`grpo_train._update_step`: AdamW state, float32 gradients, one micro-batch's activations."""
-  theta = param_bytes(c, model)
-  f32 = param_bytes(c, model, "float32")
-  state = theta + 2 * f32  # params + Adam mu, nu (float32)
+  """`grpo_train._update_step`: the state (masters, AdamW moments) donated, float32 gradient
+  accumulators, the compute-dtype copy of the masters, and one micro-batch's saved activations.
+
+  Per micro-batch of m rows of S tokens, for the backward pass XLA keeps every layer's attention
+  scores (float32) and probabilities (compute dtype), [m, heads, S, S]; the MLP's gate, up and
+  product with their cotangents, [m, S, F] (6 in the compute dtype); a few [m, S, D] values; and
+  the completion's logits, [m, T, V], 3 in float32 and 4 in the compute dtype. Heads, F, D and
+  V are split over `model` (heads as the KV heads are). A tied embedding gets a second
+  gradient (and compute copy) for its use as the output layer.
+
+  With `remat` (grpo.remat: jax.checkpoint around each layer of the scanned loop) the backward
+  pass keeps only each layer's input, [m, S, D] in the compute dtype per layer, and holds one
+  layer's activations at a time while that layer is recomputed; the compiled programs then hold
+  no whole compute copy of the masters (each layer's weights are cast inside the loop) and their
+  logits are 3 float32 [m, T, V] buffers and one [m, S, V] in the compute dtype (fitted to the
+  compiled buffer assignments, docs/tpu_plan.md "Calibration").
+  """
+  L, cs = c.num_layers, _itemsize(c.dtype)
+  master = master_dtype or c.dtype
+  params = param_bytes(c, model, master)
+  state = params + 2 * params  # masters + AdamW mu, nu (in the masters' dtype)
   local = rows // pop
   batch = local * seq_len * (4 + 1 + 1 + 4) + 4 * local
-  m, size = micro_batch_size, _itemsize(c.dtype)
-  # Saved activations for the backward pass: ~ (12 D + 3 F) values per token per layer, plus the
-  # completion's float32 logits (and their softmax) for the micro-batch.
-  acts = c.num_layers * m * seq_len * (12 * c.hidden_size + 3 * c.intermediate_size) * size
-  logits = 3 * m * completion_len * c.vocab_size * 4
+  m, S, T = micro_batch_size, seq_len, completion_len
+  heads = _split(c.num_kv_heads, model) * (c.num_heads // c.num_kv_heads)
+  F, D, V = (_split(n, model) for n in (c.intermediate_size, c.hidden_size, c.vocab_size))
+  saved = 1 if remat else L  # layers whose activations are alive at the backward's peak
+  attn = saved * m * heads * S * S * (4 + cs)
+  mlp = 6 * saved * m * S * F * cs
+  hidden = saved * m * S * D * (2 * 4 + 5 * cs) + (L * m * S * D * cs if remat else 0)
+  tied = c.tie_embeddings
+  grads = param_bytes(c, model, "float32") + (_embed_bytes(c, model, "float32") if tied else 0)
+  if remat:
+    logits = 3 * m * T * V * 4 + m * S * V * cs
+    cast = 0
+  else:
+    logits = m * T * V * (3 * 4 + 4 * cs)
+    cast = param_bytes(c, model) + (_embed_bytes(c, model) if tied else 0)
   frozen = (2 if with_reference else 1) * local * completion_len * 4
   return Estimate(
-    argument=state + batch + (theta if with_reference else 0),
+    argument=state + batch + (param_bytes(c, model) if with_reference else 0),
     output=state,
-    temp=2 * f32 + acts + logits + frozen,
+    alias=state,
+    temp=grads + cast + attn + mlp + hidden + logits + frozen,
   )
 
 
 def check_fits(estimate: Estimate, chip: Chip, *, program: str, setting: str) -> None:
-  """Raises ValueError naming `setting` when `estimate` exceeds the chip's HBM."""
+  """Raises ValueError naming `setting` and the limit when `estimate` exceeds the chip's HBM."""
   if estimate.total > chip.hbm_bytes:
     raise ValueError(
-      f"{program} needs about {estimate.total / GIB:.1f} GiB per chip (predicted) but a "
-      f"{chip.name} has {chip.hbm_bytes / GIB:.1f} GiB: lower {setting}."
+      f"{program} needs about {estimate.total / GIB:.1f} GiB per chip (predicted by "
+      f"es_jax.memory_plan) but a {chip.name} has {chip.hbm_bytes / GIB:.1f} GiB: lower {setting} "
+      f"(or set config.mesh.check_memory=False to run anyway)."
     )
 
 
 def predict(
-  program: str, config: Any, model_config: ModelConfig, *, pop: int, model: int, prompt_len: int
+  program: str,
+  config: Any,
+  model_config: ModelConfig,
+  *,
+  pop: int,
+  model: int,
+  prompt_len: int,
+  chip: str = "",
 ) -> Estimate:
-  """The `Estimate` of one of experiments.tpu_plan's programs for an experiment config."""
+  """The `Estimate` of one of experiments.tpu_plan's programs for an experiment config (`chip`:
+  a CHIPS key, for the chip-dependent terms)."""
   c, es, grpo, ev = model_config, config.es, config.grpo, config.eval
   prompts = int(config.data.prompts_per_step)
   rows = prompts * int(grpo.num_generations)
+  master = str(grpo.get("master_dtype", "float32") or "") or None
   if program == "es_population":
     return population_estimate(
       c, population_size=int(es.population_size), members_per_chunk=int(es.members_per_chunk),
@@ -227,7 +356,7 @@ def predict(
       rank=int(es.rank) or None, pop=pop, model=model)  # fmt: skip
   if program == "es_update":
     return es_update_estimate(
-      c, population_size=int(es.population_size), optimizer=es.optimizer, model=model
+      c, population_size=int(es.population_size), optimizer=es.optimizer, model=model, chip=chip
     )
   if program == "eval":  # one chip, rows unsplit (as experiments.eval_sampler runs it)
     return generate_estimate(
@@ -236,13 +365,13 @@ def predict(
   if program == "grpo_rollout":
     return generate_estimate(
       c, rows=rows, prompt_len=prompt_len, max_new_tokens=int(grpo.max_new_tokens), pop=pop,
-      model=model)  # fmt: skip
+      model=model, param_dtype=master)  # fmt: skip
   if program == "grpo_update":
     T = int(grpo.max_new_tokens)
     return grpo_update_estimate(
       c, rows=rows, seq_len=prompt_len + T, completion_len=T,
       micro_batch_size=int(grpo.micro_batch_size), with_reference=float(grpo.beta) > 0, pop=pop,
-      model=model)  # fmt: skip
+      model=model, master_dtype=master, remat=bool(grpo.get("remat", False)))  # fmt: skip
   raise ValueError(f"memory_plan.predict: unknown program {program!r}")
 
 
@@ -264,9 +393,11 @@ def check_config_fits(
   programs: tuple[str, ...],
   pop: int,
   model: int = 1,
-  prompt_len: int = 256,
+  prompt_len: int = PROMPT_LEN,
 ) -> None:
   """Raises ValueError naming the config field of the first program predicted not to fit."""
   for program in programs:
-    estimate = predict(program, config, model_config, pop=pop, model=model, prompt_len=prompt_len)
+    estimate = predict(
+      program, config, model_config, pop=pop, model=model, prompt_len=prompt_len, chip=chip.kind
+    )
     check_fits(estimate, chip, program=program, setting=SETTINGS[program])

@@ -262,6 +262,7 @@ def schema() -> dict[str, Rule]:
     "export_hf": boolean,
     "mesh.pop": integer(0),
     "mesh.model": integer(1),
+    "mesh.check_memory": boolean,
     "progress": boolean,
     "demo.runs": comma_list(tuple(demo.RUNS)),
     "population_sweep.sizes": comma_list(ints_from=2),

@@ -129,13 +129,15 @@ def _key(mesh, shape=()):
   return jax.ShapeDtypeStruct(shape, key_dtype, sharding=NamedSharding(mesh, P()))
 
 
-def abstract_params(cfg: models.ModelConfig, mesh: Mesh, lead: tuple[int, ...] = ()):
-  """Parameter structs in the model's dtype, laid out as es_jax.sharding.param_shardings does."""
+def abstract_params(cfg: models.ModelConfig, mesh: Mesh, lead: tuple[int, ...] = (), dtype=None):
+  """Parameter structs in the model's dtype (or `dtype`), laid out as
+  es_jax.sharding.param_shardings does."""
   model = mesh.shape["model"]
+  dtype = dtype or cfg.jnp_dtype
 
   def leaf(shape):
     spec = sharding_lib.leaf_spec(shape, model)
-    return _sds((*lead, *shape), cfg.jnp_dtype, mesh, P(*([None] * len(lead)), *spec))
+    return _sds((*lead, *shape), dtype, mesh, P(*([None] * len(lead)), *spec))
 
   return jax.tree.map(leaf, models.param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple))
 
@@ -246,7 +248,9 @@ class Setup:
     return {**common, **per[name]}
 
   def fit(self, name: str, chip: memory_plan.Chip, *, step_cost=True) -> dict[str, Any] | None:
-    """The result at the largest value of the program's FIT_SETTINGS field that fits."""
+    """The result at the largest value of the program's FIT_SETTINGS field whose verdict is
+    "fits" (compiled, and arguments + outputs + temporaries + code within nominal HBM; a "fits
+    (tight)" setting is not chosen)."""
     section, field = FIT_SETTINGS[name].split(".")
     if name == "es_population":
       limit = int(self.config.es.population_size) // self.pop
@@ -357,7 +361,7 @@ class Setup:
     )
     return lowered, None, n
 
-  def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p):
+  def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p, dtype=None):
     cfg = self.model_config
     temperature = float(temperature)
 
@@ -368,7 +372,7 @@ class Setup:
         unroll_layers=sampling.default_unroll_layers(mesh))  # fmt: skip
 
     ids, mask = self._prompts(mesh, rows, length, spec)
-    return jax.jit(run).lower(abstract_params(cfg, mesh), ids, mask, _key(mesh))
+    return jax.jit(run).lower(abstract_params(cfg, mesh, dtype=dtype), ids, mask, _key(mesh))
 
   def _eval(self):
     ev = self.config.eval
@@ -387,11 +391,12 @@ class Setup:
     """grpo_rollout.rollout's decode: it device_puts the P·G repeated rows over 'pop', then calls
     the jitted generate, so the rows arrive sharded. (Lowering rollout itself under one jit turns
     that device_put into a constraint that XLA does not carry to the KV cache: 50.6 GiB of
-    temporaries per chip for the Easy config against 7.9 GiB with sharded inputs.)"""
+    temporaries per chip for the Easy config against 7.9 GiB with sharded inputs.) The params are
+    the GRPO state's master weights (grpo.master_dtype), cast once inside generate."""
     g = self.config.grpo
     rows, S, T = self._grpo_rows(), self.prompt_len, int(g.max_new_tokens)
     gen = lambda S_, T_: self._generate_lowered(  # noqa: E731
-      self.mesh, rows, P("pop"), S_, T_, g.temperature, g.top_p
+      self.mesh, rows, P("pop"), S_, T_, g.temperature, g.top_p, dtype=g.master_dtype or None
     )
     return gen(S, T), lambda: gen(1, S + T - 1), T
 
@@ -410,7 +415,9 @@ class Setup:
       if size % d:
         raise ValueError(f"config.{field}: {d} does not divide the {size} {what}")
     optimizer = grpo_run.make_optimizer(g)
-    params = abstract_params(cfg, mesh)
+    # The state's params are master weights in grpo.master_dtype (grpo_train.init_state, as
+    # experiments.grpo builds it); the reference policy keeps the model's dtype.
+    params = abstract_params(cfg, mesh, dtype=g.master_dtype or None)
     opt = like_params(jax.eval_shape(optimizer.init, params), mesh)
     state = grpo_train.GRPOState(params, opt, _sds((), jnp.int32, mesh))
     row = lambda *shape, dtype: _sds((rows, *shape), dtype, mesh, P("pop"))  # noqa: E731
@@ -418,7 +425,7 @@ class Setup:
       tokens=row(S, dtype=jnp.int32), mask=row(S, dtype=bool), loss_mask=row(S - 1, dtype=bool),
       sampler_logp=row(S - 1, dtype=jnp.float32), advantages=row(dtype=jnp.float32),
       completion_length=T)  # fmt: skip
-    ref = params if float(g.beta) > 0 else None
+    ref = abstract_params(cfg, mesh) if float(g.beta) > 0 else None
     scalar = _sds((), jnp.float32, mesh)
     lowered = grpo_train._update_step.lower(
       state, batch, ref, scalar, scalar, scalar, config=cfg, optimizer=optimizer,

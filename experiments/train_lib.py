@@ -32,7 +32,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
-from es_jax import data, metrics, models, rewards, sampling
+from es_jax import data, memory_plan, metrics, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from es_jax.models import gguf_loader
@@ -365,6 +365,41 @@ def make_mesh(config: ml_collections.ConfigDict):
   return sharding_lib.make_mesh(pop or None, int(config.mesh.model))
 
 
+def check_memory(
+  config: ml_collections.ConfigDict,
+  model_config: models.ModelConfig,
+  mesh,
+  *,
+  devices: Sequence[Any] | None = None,
+  prompt_len: int = memory_plan.PROMPT_LEN,
+) -> None:
+  """On TPU devices, raises ValueError when `config`'s programs are predicted not to fit.
+
+  The chip comes from the first device's `device_kind` and its HBM from `memory_stats()` when the
+  runtime reports it (else the published size, es_jax.memory_plan.CHIPS). The error names the
+  config field to lower and the limit. Other platforms, and `mesh.check_memory=False`, skip it.
+  """
+  if not bool(config.mesh.get("check_memory", True)):
+    return
+  devices = list(devices if devices is not None else jax.devices())
+  device = devices[0]
+  if device.platform != "tpu":
+    return
+  chip = memory_plan.chip_for_device(device)
+  if chip is None:
+    log.warning("mesh.check_memory: unknown TPU %r, memory not checked", device.device_kind)
+    return
+  memory_plan.check_config_fits(
+    config,
+    model_config,
+    chip,
+    programs=memory_plan.METHOD_PROGRAMS[config.method],
+    pop=int(mesh.shape["pop"]),
+    model=int(mesh.shape["model"]),
+    prompt_len=prompt_len,
+  )
+
+
 def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   """Loads the model, tokenizer, training pool and evaluation set that `config` names.
 
@@ -374,9 +409,12 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   """
   config_check.validate(config)
   config_check.check_workdir(config, workdir)
+  mesh = make_mesh(config)
   t0 = time.perf_counter()
   with config_check.user_errors("config.model"):
     model, tokenizer = load_model(config.model, seed=config.seed)
+  with config_check.user_errors("config.mesh.check_memory"):
+    check_memory(config, model.config, mesh)
   n_params = sum(int(x.size) for x in jax.tree.leaves(models.params(model)))
   log.info(
     "model: %s (%.1fM parameters, %s) loaded in %s",
@@ -411,7 +449,7 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     examples=examples,
     score=make_scorer(tokenizer, reward),
     evaluator=evaluator,
-    mesh=make_mesh(config),
+    mesh=mesh,
     eos_ids=eos_ids(tokenizer),
     pad_id=pad_id(tokenizer),
     data_sources=data_sources,

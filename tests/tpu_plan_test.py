@@ -68,3 +68,17 @@ def test_check_fits_names_the_setting():
   config.es.members_per_chunk = 4
   with pytest.raises(ValueError, match="es.members_per_chunk"):
     memory_plan.check_config_fits(config, cfg, chip, programs=("es_population",), pop=8)
+
+
+def test_verdict_fits_tight_when_over_nominal_hbm_but_compiled():
+  chip = memory_plan.CHIPS["v5e"]
+  base = {"program": "es_population", "argument": 3 * 2**30, "output": 0, "alias": 0, "code": 0}
+  ok = tpu_plan.verdict({**base, "temp": 10 * 2**30, "total": 13 * 2**30}, chip)
+  assert ok["fits"] and not ok["tight"] and ok["verdict"] == "fits"
+  tight = tpu_plan.verdict({**base, "temp": 13.6 * 2**30, "total": 16.6 * 2**30}, chip)
+  assert tight["fits"] and tight["tight"] and tight["verdict"].startswith("fits (tight)")
+  refused = {"program": "es_population", "error": "RESOURCE_EXHAUSTED", "too_big": True}
+  no = tpu_plan.verdict(refused, chip)
+  assert not no["fits"] and "es.members_per_chunk" in no["verdict"]
+  assert tpu_plan.exit_code([tight]) == tpu_plan.EXIT_FITS
+  assert tpu_plan.exit_code([tight, no]) == tpu_plan.EXIT_TOO_BIG

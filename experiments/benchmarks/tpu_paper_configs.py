@@ -34,9 +34,16 @@ def run_case(name: str, step_cost: bool) -> list[dict]:
   cfg = tpu_programs.model_config_for(config.model)
   for r in results:
     est = memory_plan.predict(
-      r["program"], config, cfg, pop=setup_mesh["pop"], model=setup_mesh["model"], prompt_len=256
+      r["program"],
+      config,
+      cfg,
+      pop=setup_mesh["pop"],
+      model=setup_mesh["model"],
+      prompt_len=256,
+      chip=topology.split(":")[0],
     )
-    r["predicted"] = {"argument": est.argument, "output": est.output, "temp": est.temp}
+    r["predicted"] = {"argument": est.argument, "output": est.output, "temp": est.temp,
+                      "total": est.total}  # fmt: skip
     r["case"] = name
   print(f"== {name}: {path} on {topology} {' '.join(overrides)} ({time.time() - start:.0f} s)")
   print(tpu_plan.format_table(results, memory_plan.chip_for(topology)))

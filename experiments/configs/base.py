@@ -12,7 +12,8 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   grpo         GRPO hyperparameters (docs/method.md §3).
   sequential   the two-stage schedule (docs/method.md §4).
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
-  mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`.
+  mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`;
+               `check_memory`: refuse on TPU a config predicted not to fit HBM.
   diversity    the population diversity study (experiments/diversity.py, docs/method.md §6).
   report       a report across finished runs (experiments/report.py).
 
@@ -153,7 +154,9 @@ def base_config() -> ml_collections.ConfigDict:
   )
   c.checkpoint = dict(every=5, keep=3, async_save=True)
   c.export_hf = True  # write the final params as an HF directory (workdir/hf)
-  c.mesh = dict(pop=0, model=1)
+  # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
+  # to fit the chip's HBM (before the first step); False skips the check.
+  c.mesh = dict(pop=0, model=1, check_memory=True)
   c.progress = True
   # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
