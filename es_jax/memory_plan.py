@@ -381,7 +381,8 @@ SETTINGS = {
   "es_update": "config.mesh.model",
   "eval": "config.eval.batch_size",
   "grpo_rollout": "config.data.prompts_per_step",
-  "grpo_update": "config.grpo.micro_batch_size",
+  # The update's state (float32 masters, two moments) only shrinks by sharding it.
+  "grpo_update": "config.grpo.micro_batch_size or raise config.mesh.model (mesh.pop with it)",
 }
 
 

@@ -229,7 +229,8 @@ def _es_step(params, mesh, rank, *, min_size=256):
 
 @pytest.mark.parametrize("rank", [None, 2], ids=["full_rank", "low_rank"])
 def test_es_step_model_sharded_equals_pop_only_and_one_device(rank):
-  """(pop=4, model=2) = (pop=8, model=1) = one device, for one evaluation + update.
+  """(pop=4, model=2) = (pop=8, model=1) = one device (low rank: 4x2 = one device), for one
+  evaluation + update.
 
   Fitness and completions are compared exactly (greedy tokens of O(1) logits; a flip would show
   as a different token). The full-rank update is bit-exact: the same noise bits (noise.leaf_normal
@@ -238,9 +239,12 @@ def test_es_step_model_sharded_equals_pop_only_and_one_device(rank):
   weights' scale allows for float32 reassociation of 16 terms, far below the update (> 1e-2).
   """
   params = _step_params(STEP_CONFIG)
+  layouts = {"4x2": (4, 2), "8x1": (8, 1), "1x1": (1, 1)}
+  if rank is not None:  # low rank against one device only: keeps the suite's time down
+    del layouts["8x1"]
   runs = {
     name: _es_step(params, sharding.make_mesh(pop=pop, model=model), rank)
-    for name, (pop, model) in {"4x2": (4, 2), "8x1": (8, 1), "1x1": (1, 1)}.items()
+    for name, (pop, model) in layouts.items()
   }
   placed, fitness, stats, new = runs["4x2"]
   specs = [x.sharding.spec for x in jax.tree.leaves(placed)]
@@ -250,7 +254,7 @@ def test_es_step_model_sharded_equals_pop_only_and_one_device(rank):
   moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new),
               jax.tree.leaves(params), strict=True))  # fmt: skip
   assert moved > 1e-2, moved
-  for name in ("8x1", "1x1"):
+  for name in set(runs) - {"4x2"}:
     _, fit_o, stats_o, new_o = runs[name]
     np.testing.assert_array_equal(fit_o, fitness, err_msg=name)
     np.testing.assert_array_equal(stats_o.completions.tokens, stats.completions.tokens)
