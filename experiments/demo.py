@@ -29,20 +29,26 @@ from experiments import config_check, es, grpo, report, sequential, train_lib
 
 log = logging.getLogger(__name__)
 
-RUNS = {  # name -> (method, runner, sequential order)
-  "es": ("es", es.run, None),
-  "grpo": ("grpo", grpo.run, None),
-  "grpo_es": ("sequential", sequential.run, "grpo_es"),
-  "es_grpo": ("sequential", sequential.run, "es_grpo"),
+RUNS = {  # name -> (method, runner, sequential order, es.shaping; None: the config's)
+  "es": ("es", es.run, None, None),
+  # ES with es_jax.fitness.coverage shaping, everything else as "es" (same noise and data order)
+  "es_coverage": ("es", es.run, None, "coverage"),
+  "grpo": ("grpo", grpo.run, None, None),
+  "grpo_es": ("sequential", sequential.run, "grpo_es", None),
+  "es_grpo": ("sequential", sequential.run, "es_grpo", None),
 }
-LABELS = {"base": "base", "es": "ES", "grpo": "GRPO", "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
+LABELS = {"base": "base", "es": "ES", "es_coverage": "ES (coverage)", "grpo": "GRPO",
+          "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
 
 
-def _sub_config(config: ml_collections.ConfigDict, method: str, order: str | None):
+def _sub_config(config: ml_collections.ConfigDict, method: str, order: str | None,
+                shaping: str | None = None):
   sub = ml_collections.ConfigDict(config.to_dict())
   sub.method = method
   if order is not None:
     sub.sequential.order = order
+  if shaping is not None:
+    sub.es.shaping = shaping
   sub.lock()
   return sub
 
@@ -65,13 +71,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     log.info("demo: evaluating the base model into %s", base_dir)
     train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
   for name in names:
-    method, runner, order = RUNS[name]
+    method, runner, order, shaping = RUNS[name]
     sub_dir = os.path.join(workdir, name)
     if os.path.exists(os.path.join(sub_dir, "DONE")):
       log.info("demo: %s already finished in %s", name, sub_dir)
     else:
       log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
-      result = runner(_sub_config(config, method, order), sub_dir)
+      result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
   return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}

@@ -158,7 +158,8 @@ def base_config() -> ml_collections.ConfigDict:
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
   c.progress = True
-  # method="demo": the runs to compare after the base model ("es", "grpo", "grpo_es", "es_grpo").
+  # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
+  # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
   # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
   # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.

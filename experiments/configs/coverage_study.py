@@ -1,42 +1,59 @@
-"""Coverage-targeted ES fitness vs the paper's z-score, on the embedded default (SmolLM2-135M,
-reasoning-gym chain_sum, offline, like demo.py).
+"""The CPU coverage study: base vs ES vs ES with coverage fitness vs GRPO vs GRPO→ES vs ES→GRPO on
+the embedded default (SmolLM2-135M-Instruct, reasoning-gym chain_sum, offline), with enough
+held-out problems that Pass@k differences are measured, not guessed.
 
-    python -m experiments.main --config experiments/configs/coverage_study.py:zscore \
-        --workdir runs/coverage/zscore
+    python -m experiments.main --config experiments/configs/coverage_study.py \
+        --workdir runs/coverage_study
+    # one ES run with either shaping:
     python -m experiments.main --config experiments/configs/coverage_study.py:coverage \
         --workdir runs/coverage/coverage
-    # then, for each run: --config.method=diversity --config.diversity.run=runs/coverage/<name>
 
-Variants: `zscore` (es.shaping="zscore", the paper) and `coverage` (es.shaping="coverage",
-es_jax.fitness.coverage: a success counts 1 / (1 + the other members' successes on that
-prompt)); everything else is equal (seed, data order, noise keys), so the step-0 populations are
-identical. Compare Pass@1 vs Pass@8 in each run's eval/table.md and JS_succ of the diversity
-study. Fitness is sampled (temperature 0.6) so that a member's success on a prompt is not all or
-nothing. `:smoke` (append to either, e.g. `:coverage_smoke`): the random tiny model, plumbing only.
-Hardware: a 2-core CPU. Runtime: not measured end to end; demo.py's ES stage at these sizes
-(N = 8, r = 4, 4 prompts, 32 tokens) takes about 10 s per step on a 2-core CPU, so 30 steps plus
-the evaluations come to roughly 10 minutes per variant.
+Default variant (`method="demo"`, experiments/demo.py): evaluates the base model, then runs "es"
+(the paper's z-score fitness), "es_coverage" (es.shaping="coverage", es_jax.fitness.coverage: a
+success on a prompt counts 1 / (1 + the other members' successes on it); same seed, data order
+and noise keys as "es"), GRPO and both sequential schedules, each for 12 steps, and evaluates every
+final model on 200 held-out problems (one greedy answer and n = 8 samples at temperature 0.6
+each). report.md gives every Pass@k with its standard error and each run's difference from the
+base model with the paired standard error (over problems). Rerunning the command resumes.
+Fitness is sampled (temperature 0.6) so that a member's success on a prompt is not all or nothing.
+Runtime: sized for about 90 minutes on a 2-core CPU from the demo's measured costs (about 0.3 s
+per evaluated completion, 10-40 s per training step); docs/results/coverage_study.md records the
+measured time of the committed run.
+
+Variants `zscore` / `coverage`: one ES run (method="es") with that shaping, 30 steps.
+`:smoke` (alone or appended, e.g. `:coverage_smoke`): the random tiny model, plumbing only.
 """
 
 from experiments.configs import demo
 from experiments.configs.base import smoke
 
-VARIANTS = ("zscore", "coverage")
+VARIANTS = ("study", "zscore", "coverage")
 
 
 def get_config(variant: str | None = None):
   name, _, size = (variant or "").partition("_")
+  if name == "smoke" and not size:
+    name, size = "study", "smoke"
+  name = name or "study"
   if name not in VARIANTS or size not in ("", "smoke"):
     raise ValueError(
-      f"coverage_study.py: unknown variant {variant!r}; use zscore, coverage, zscore_smoke or "
-      "coverage_smoke."
+      f"coverage_study.py: unknown variant {variant!r}; use none, smoke, zscore, coverage, "
+      "zscore_smoke or coverage_smoke."
     )
   c = demo.get_config()
   c.unlock()
-  c.method = "es"
-  c.es.update(shaping=name, num_steps=30, temperature=0.6)
+  c.es.temperature = 0.6
   c.data.prompts_per_step = 8
-  c.eval.every = 10
+  if name == "study":
+    c.method = "demo"
+    c.demo.runs = "es,es_coverage,grpo,grpo_es,es_grpo"
+    c.es.num_steps = c.grpo.num_steps = c.sequential.total_steps = 12
+    c.eval.limit = 200
+    c.eval.every = 6
+  else:
+    c.method = "es"
+    c.es.update(shaping=name, num_steps=30)
+    c.eval.every = 10
   if size == "smoke":
     smoke(c, preset="tiny-llama", data=None, eval_data=None)
     c.data.limit = 16
