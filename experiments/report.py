@@ -67,6 +67,8 @@ class Run:
   rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   diversity: dict[str, Any] | None = None
   eval_seconds: float | None = None
+  # task label -> {metric: per-problem values in problem-index order}, for paired differences
+  per_problem: dict[str, dict[str, np.ndarray]] = dataclasses.field(default_factory=dict)
 
 
 def _split(value: Any) -> list[str]:
@@ -185,6 +187,7 @@ def _load_eval(run: Run, eval_dir: str) -> None:
     meta_path = os.path.join(eval_dir, _stem(label) + ".meta.json")
     meta = _read_json(meta_path) if os.path.exists(meta_path) else {}
     run.tasks[label] = {**task_metrics(records, ks), "meta": meta}
+    run.per_problem[label] = per_problem_values(records, ks)
   timing = eval_results.read_timing(eval_dir)
   run.eval_seconds = sum(timing.values()) if timing else None
 
@@ -192,6 +195,46 @@ def _load_eval(run: Run, eval_dir: str) -> None:
 def _se(values: np.ndarray) -> float:
   """Standard error of the mean of per-problem values (NaN for fewer than two)."""
   return float(np.std(values, ddof=1) / math.sqrt(values.size)) if values.size > 1 else math.nan
+
+
+def per_problem_values(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
+  """{"index": problem indices, "greedy", "pass@k": per-problem values} of sorted records."""
+  n = np.array([r["n"] for r in records], np.int64)
+  c = np.array([r["c"] for r in records], np.int64)
+  out = {"index": np.array([r["index"] for r in records], np.int64)}
+  if records and all("greedy_correct" in r for r in records):
+    out["greedy"] = np.array([float(r["greedy_correct"]) for r in records])
+  for k in eval_results.usable_ks(ks, int(n.min())) if records else ():
+    out[f"pass@{k}"] = np.asarray(pass_at_k(n, c, k), np.float64)
+  return out
+
+
+def difference_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
+  """Each run minus the first (the reference, e.g. the base model) on the same problems:
+  mean difference ± its paired standard error over problems (markdown lines; [] if n/a)."""
+  ref = runs[0] if runs and label in runs[0].per_problem else None
+  others = [r for r in runs[1:] if label in r.per_problem]
+  if ref is None or not others:
+    return []
+  ks = [k for k in _ks(runs, label) if all(f"pass@{k}" in r.per_problem[label]
+                                            for r in (ref, *others))]  # fmt: skip
+  metrics = ["greedy", *[f"pass@{k}" for k in ks]]
+  metrics = [m for m in metrics if all(m in r.per_problem[label] for r in (ref, *others))]
+  head = ["difference", *[("Δ " + m).replace("pass", "Pass") for m in metrics]]
+  lines = [f"Difference from {ref.name} on the same problems (mean ± paired standard error):", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+  for run in others:
+    a, b = ref.per_problem[label], run.per_problem[label]
+    if not np.array_equal(a["index"], b["index"]):
+      notes.append(f"{run.name}: {label} differences: other problems than {ref.name}'s.")
+      continue
+    cells = [f"{run.name} − {ref.name}"]
+    for m in metrics:
+      d = b[m] - a[m]
+      se = _se(d)
+      cells.append(f"{d.mean():+.3f}" + (f" ± {se:.3f}" if math.isfinite(se) else ""))
+    lines.append("| " + " | ".join(cells) + " |")
+  return lines + [""]
 
 
 def task_metrics(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
@@ -417,6 +460,7 @@ def build(
     text += [f"## {label}" if len(labels) > 1 else f"## Evaluation: {label}", ""]
     text += task_table(runs, label, notes)
     text.append("")
+    text += difference_table(runs, label, notes)
     evaluated = [r for r in runs if label in r.tasks]
     curves = {
       r.name: (r.tasks[label]["pass_at_k_curve"]["k"], r.tasks[label]["pass_at_k_curve"]["value"])

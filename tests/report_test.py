@@ -202,6 +202,26 @@ def test_report_values_equal_hand_computed_ones(runs, tmp_path):
   assert "n = 4 at T = 0.6" in text
 
 
+def test_differences_from_the_first_run_are_paired_over_problems(runs, tmp_path):
+  result = report.build([str(runs)], str(tmp_path / "out"))
+  text = open(result["report"]).read()
+  assert "Difference from base on the same problems" in text
+  rows = [ln for ln in text.splitlines() if ln.startswith("| difference |")]
+  assert len(rows) == 1
+  head = [c.strip() for c in rows[0].strip("|").split("|")]
+  assert head == ["difference", "Δ greedy", "Δ Pass@1", "Δ Pass@2", "Δ Pass@4"]
+  es = dict(zip(head, _row(text, "ES − base"), strict=True))
+  # ES minus base per problem: Pass@1 (0.5, 1, 1) − (0.5, 0, 1) = (0, 1, 0); greedy the same.
+  d = np.array([0.0, 1.0, 0.0])
+  expected = f"+{d.mean():.3f} ± {d.std(ddof=1) / math.sqrt(3):.3f}"
+  assert es["Δ greedy"] == es["Δ Pass@1"] == expected
+  # Pass@4: (1, 1, 1) − (1, 0, 1).
+  assert es["Δ Pass@4"] == expected
+  # GRPO→ES was evaluated on two problems only: no paired row, and a note says why.
+  assert "| GRPO→ES − base |" not in text
+  assert "GRPO→ES: gsm8k differences: other problems than base's." in result["notes"]
+
+
 def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
   # A second task in the ES run only: one table per task, the others n/a with why.
   summaries = _write_eval(str(runs / "es" / "eval"), TASK, [PROBLEMS[0], PROBLEMS[2], PROBLEMS[2]])
