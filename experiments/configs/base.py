@@ -226,6 +226,7 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
   c.diversity.update(
     limit=2, num_samples=2, prompts_per_call=2, pol_prompts=1, pol_samples=2, bootstrap=200
   )
+  c.population_sweep.sizes = "2,4"  # the smoke ES population is 4; N = 8..64 is not small
   c.mesh.pop = 1  # tiny batches: one device (the tests run with 8 fake CPU devices)
   return c
 
