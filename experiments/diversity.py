@@ -22,6 +22,13 @@ The model: `diversity.run` (an ES run directory: its seed, model and es settings
 config.es. The step key defaults to the run's own for the population around these params:
 fold_in(run_keys(seed)["noise"], g) with g the checkpoint's global step (0 for a base model),
 the population the run evaluates at its next step. Writes workdir/diversity/{table.md,table.json}.
+
+`diversity.checkpoints=True`: the study at every checkpoint of the run, each population around that
+checkpoint's params with its own step key; by_checkpoint.{md,json} and two PNGs give JS_succ per
+checkpoint beside the centre policy's Pass@1 and Pass@n gain over the first checkpoint (n =
+diversity.num_samples, from the group rows' N x n samples of θ); table.* is the newest one's.
+The population is split over the mesh's 'pop' axis (config.mesh) as in training, so a paper-scale
+population runs on the slice that trained it.
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import grpo, metrics, models, noise, population, rewards, sampling
+from es_jax import grpo, metrics, models, noise, population, rewards, sampling, sharding
 from es_jax.checkpoint import Checkpointer
 from es_jax.models.transformer import forward, positions_from_mask
-from experiments import config_check, eval_results, sparsity, train_lib
+from experiments import config_check, eval_results, plots, sparsity, train_lib
 
 log = logging.getLogger(__name__)
 KINDS = {"es": "ES population", "group": "GRPO group (one policy)", "control": "ES at σ = 0"}
@@ -71,6 +78,7 @@ def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
     with open(path) as f:
       saved = ml_collections.ConfigDict(json.load(f))
     seed, model_cfg, es_cfg = saved.seed, saved.model, saved.es
+  ckpt_dir = None
   if d.run or model_cfg.source == "orbax":
     ckpt_dir = sparsity.checkpoint_dir_of(d.run) if d.run else model_cfg.path
     # A run's config.model is its base model; an orbax source names its base in base_*.
@@ -82,16 +90,30 @@ def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
   else:
     model, tokenizer = train_lib.load_model(model_cfg, seed=seed)
     params, g = models.params(model), 0
-  g = g if d.key_step < 0 else int(d.key_step)
-  return dict(
-    params=params,
-    model_config=model.config,
-    tokenizer=tokenizer,
-    seed=int(seed),
-    es=es_cfg,
-    global_step=g,
-    step_key=jax.random.fold_in(train_lib.run_keys(seed)["noise"], g),
+  source = dict(
+    model_config=model.config, tokenizer=tokenizer, seed=int(seed), es=es_cfg, ckpt_dir=ckpt_dir
   )
+  return at_step(source, params, g, int(d.key_step))
+
+
+def at_step(source: dict[str, Any], params: Any, g: int, key_step: int = -1) -> dict[str, Any]:
+  """`source` with the params of global step `g` and the step key of `key_step` (-1: `g`)."""
+  g_key = g if key_step < 0 else key_step
+  return {
+    **source,
+    "params": params,
+    "global_step": g_key,
+    "step_key": jax.random.fold_in(train_lib.run_keys(source["seed"])["noise"], g_key),
+  }
+
+
+def checkpoint_steps(ckpt_dir: str) -> list[int]:
+  """The checkpoint steps saved in `ckpt_dir`, oldest first."""
+  ckpt = Checkpointer(ckpt_dir, async_save=False)
+  try:
+    return sorted(ckpt.all_steps())
+  finally:
+    ckpt.close()
 
 
 @functools.partial(
@@ -155,10 +177,21 @@ class Study:
       d.temperature,
       "need > 0: p_i and JS_pol need sampled responses",
     )
-    self.chunk = int(es.members_per_chunk) if self.members % int(es.members_per_chunk) == 0 else 1
+    # The population is split over the mesh's 'pop' axis as in training (experiments.es).
+    self.mesh = train_lib.make_mesh(config)
+    pop = self.mesh.shape["pop"]
+    train_lib.check(
+      self.members % pop == 0,
+      "diversity.population_size",
+      self.members,
+      f"need a multiple of the mesh's pop axis ({pop}; config.mesh.pop)",
+    )
+    chunk = int(es.members_per_chunk)
+    self.chunk = chunk if self.members % (pop * chunk) == 0 else 1
     self.rank = int(es.rank) or None
     self.antithetic, self.low_rank_vectors = bool(es.antithetic), es.low_rank_vectors
-    self.source, self.config = source, config
+    self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
+    self.config = config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
     self.max_new_tokens = train_lib.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
     self.eos_ids, self.pad_id = train_lib.eos_ids(self.tokenizer), train_lib.pad_id(self.tokenizer)
@@ -192,7 +225,7 @@ class Study:
       config=src["model_config"],
       population_size=self.members,
       members_per_chunk=self.chunk,
-      mesh=None,
+      mesh=self.mesh,
       antithetic=self.antithetic,
       rank=self.rank,
       low_rank_vectors=self.low_rank_vectors,
@@ -376,6 +409,78 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
   )
 
 
+def _measure_all(study: Study, kinds, examples, key) -> list[dict[str, Any]]:
+  rows = []
+  for i, kind in enumerate(kinds):
+    rows.append(study.measure(kind, examples, jax.random.fold_in(key, i)))
+    log.info(
+      "diversity %s at step %d: JS_succ %.4f pass@1 %.3f", kind, study.source["global_step"],
+      rows[-1]["js_succ"], rows[-1]["pass@1"],
+    )  # fmt: skip
+  return rows
+
+
+def _centre_pass_at_k(row: dict[str, Any], k: int) -> float:
+  """Pass@k of the centre policy from a `group` row: its N x n samples pooled per problem."""
+  c = np.asarray(row["counts"]).sum(axis=0)
+  return float(np.mean(metrics.pass_at_k(row["members"] * row["samples"], c, k)))
+
+
+def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> None:
+  """by_checkpoint.{json,md} and PNGs: JS_succ of the ES population at each checkpoint beside
+  the centre policy's Pass@1 and Pass@k gain over the first checkpoint (from the group rows)."""
+  table = []
+  for entry in by_step:
+    kinds = {r["kind"]: r for r in entry["rows"]}
+    es_row, group = kinds.get("es"), kinds.get("group")
+    table.append({
+      "checkpoint": entry["checkpoint"],
+      "global_step": entry["global_step"],
+      "js_succ": es_row["js_succ"] if es_row else None,
+      "js_succ_ci": es_row["js_succ_ci"] if es_row else None,
+      "union_population": es_row["union_population"] if es_row else None,
+      "pass@1": group["pass@1"] if group else None,
+      f"pass@{k}": _centre_pass_at_k(group, k) if group else None,
+    })  # fmt: skip
+  first = table[0][f"pass@{k}"] if table else None
+  for t in table:
+    t[f"pass@{k}_gain"] = None if first is None else t[f"pass@{k}"] - first
+  eval_results.write_json(os.path.join(out, "by_checkpoint.json"), {"k": k, "rows": table})
+  head = ["checkpoint", "global step", "JS_succ [95% CI]", "union 1−Π(1−p_i)", "Pass@1 (θ)",
+          f"Pass@{k} (θ)", f"Pass@{k} gain"]  # fmt: skip
+  lines = ["# Diversity over checkpoints", "",
+           "JS_succ of the ES population around each checkpoint (its own step key); Pass@1 and "
+           f"Pass@{k} of the checkpoint itself from the GRPO-group rows (N x n samples of θ); the "
+           "gain is over the first checkpoint.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+
+  def f(v, digits=3):
+    return "–" if v is None else f"{v:.{digits}f}"
+
+  for t in table:
+    ci = t["js_succ_ci"]
+    js = "–" if t["js_succ"] is None else f"{t['js_succ']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
+    lines.append("| " + " | ".join([str(t["checkpoint"]), str(t["global_step"]), js,
+                                     f(t["union_population"]), f(t["pass@1"]), f(t[f"pass@{k}"]),
+                                     f(t[f"pass@{k}_gain"])]) + " |")  # fmt: skip
+  steps = [t["global_step"] for t in table]
+  figures = (
+    ("js_by_checkpoint", "js_succ", "JS_succ (nats)"),
+    ("pass_gain_by_checkpoint", f"pass@{k}_gain", f"Pass@{k} gain"),
+  )
+  for name, key, ylabel in figures:
+    pts = [(s, t[key]) for s, t in zip(steps, table, strict=True) if t[key] is not None]
+    if pts:
+      xs, ys = map(list, zip(*pts, strict=True))
+      plots.plot_metric_over_steps({"ES": (xs, ys)}, os.path.join(out, f"{name}.png"),
+                                   ylabel=ylabel, xlabel="global step", title=ylabel)  # fmt: skip
+      lines += ["", f"![{name}]({name}.png)"]
+  path = os.path.join(out, "by_checkpoint.md")
+  with open(path + ".tmp", "w") as fh:
+    fh.write("\n".join(lines) + "\n")
+  os.replace(path + ".tmp", path)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="diversity"`: the study of the module docstring; returns {"report": table.md}."""
   config_check.validate(config)
@@ -390,18 +495,27 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     f"use one of {metrics.JS_CORRECTIONS}",
   )
   source = load_population_source(config)
-  study = Study(config, source)
   limit = train_lib.positive_int(d.limit, "diversity.limit")
   examples = list(train_lib.load_examples(config.eval, "eval", limit=limit))
   key = jax.random.fold_in(train_lib.run_keys(config.seed)["eval"], 0x5D1)
-  rows = []
-  for i, kind in enumerate(kinds):
-    rows.append(study.measure(kind, examples, jax.random.fold_in(key, i)))
-    log.info(
-      "diversity %s: JS_succ %.4f pass@1 %.3f", kind, rows[-1]["js_succ"], rows[-1]["pass@1"]
-    )
   out = os.path.join(workdir, "diversity")
   os.makedirs(out, exist_ok=True)
+  if d.checkpoints:
+    train_lib.check(
+      source["ckpt_dir"] is not None,
+      "diversity.checkpoints",
+      d.checkpoints,
+      "needs diversity.run (an ES run dir) or config.model.source='orbax'",
+    )
+    by_step = []
+    for step in checkpoint_steps(source["ckpt_dir"]):
+      params, g = _restore(source["ckpt_dir"], step)
+      source = at_step(source, params, g)  # each checkpoint with its own step key
+      rows = _measure_all(Study(config, source), kinds, examples, key)
+      by_step.append({"checkpoint": step, "global_step": g, "rows": rows})
+    _write_by_checkpoint(out, by_step, int(d.num_samples))
+  else:
+    rows = _measure_all(Study(config, source), kinds, examples, key)
   eval_results.write_json(
     os.path.join(out, "table.json"),
     {

@@ -140,3 +140,43 @@ def test_diversity_runner_smoke(tmp_path, monkeypatch):
     assert r["union_population"] >= r["union_single_policy"] - 1e-6
   assert abs(rows["control"]["js_pol"]) < 1e-4  # identical members: the mixture is each member
   assert table["global_step"] == 0
+
+
+def test_diversity_over_checkpoints(tmp_path, monkeypatch):
+  """diversity.checkpoints: one row per checkpoint of the run, each around its own params and step
+  key, with the centre policy's Pass@n gain over the first checkpoint, a table and the PNGs."""
+  from es_jax import models
+  from es_jax.checkpoint import Checkpointer
+  from experiments import diversity, train_lib
+  from experiments.configs import demo
+
+  c = ConfigDict(demo.get_config("smoke").to_dict())
+  c.method, c.progress = "diversity", False
+  c.diversity.update(kinds="es,group", checkpoints=True, run=str(tmp_path / "run"), pol_samples=1)
+  c.lock()
+  model, _ = train_lib.load_model(c.model, seed=c.seed)
+  params = models.params(model)
+  moved = jax.tree.map(lambda x: x + 0.5 * jax.numpy.ones_like(x), params)
+  os.makedirs(tmp_path / "run")
+  with open(tmp_path / "run" / "config.json", "w") as f:
+    json.dump(c.to_dict(), f)
+  per_step = c.data.prompts_per_step
+  with Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
+    for step, p in ((1, params), (3, moved)):
+      ckpt.save(step, state={"params": p}, meta={"step": step, "data_position": step * per_step,
+                                                  "config": c.to_dict()}, force=True)  # fmt: skip
+  monkeypatch.setattr(diversity.rewards, "is_correct", lambda text, ex, task: len(text) % 2 == 0)
+  diversity.run(c, str(tmp_path / "out"))
+  out = tmp_path / "out" / "diversity"
+  table = json.load(open(out / "by_checkpoint.json"))
+  rows = table["rows"]
+  assert [r["checkpoint"] for r in rows] == [1, 3] and [r["global_step"] for r in rows] == [1, 3]
+  assert rows[0]["pass@2_gain"] == 0.0
+  assert rows[1]["pass@2_gain"] == pytest.approx(rows[1]["pass@2"] - rows[0]["pass@2"])
+  assert all(np.isfinite(r["js_succ"]) for r in rows)
+  # Different params give different completions: the measured rows differ between checkpoints.
+  assert (rows[0]["pass@1"], rows[0]["js_succ"]) != (rows[1]["pass@1"], rows[1]["js_succ"])
+  for png in ("js_by_checkpoint.png", "pass_gain_by_checkpoint.png"):
+    assert os.path.getsize(out / png) > 1000
+  assert "| 3 | 3 |" in open(out / "by_checkpoint.md").read()
+  assert json.load(open(out / "table.json"))["global_step"] == 3  # the newest checkpoint's study

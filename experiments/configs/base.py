@@ -172,6 +172,7 @@ def base_config() -> ml_collections.ConfigDict:
   # newest); key_step: the step key's global step (-1: the params' step, the run's own key);
   # population_size / sigma: 0 = config.es's (the run's). kinds: es, group (one policy: GRPO's
   # G samples), control (σ = 0). correction: null | miller_madow | none (metrics module).
+  # checkpoints: the study at every checkpoint of `run` (JS_succ beside the Pass@n gain).
   c.diversity = dict(
     run="",
     step=-1,
