@@ -85,6 +85,8 @@ def model_config_for(model: Any, *, preset: str = "", dtype: str = "") -> models
   else:
     name = os.path.basename(path.rstrip("/")).lower()
     name = _PRESET_ALIASES.get(name, name)
+    if name not in models.PRESETS and name.endswith("-instruct"):
+      name = name.removesuffix("-instruct")  # e.g. Llama-3.2-3B-Instruct -> llama-3.2-3b
     if name not in models.PRESETS:
       raise ValueError(
         f"config.model.path={path!r} (source {source!r}): no local config.json and no preset "

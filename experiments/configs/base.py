@@ -232,6 +232,48 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
   return c
 
 
+# The paper's held-out tasks for forgetting (docs/method.md §5, §10.2), each with the split the
+# builders read (es_jax.data.builders) and that split's size in the files named there: CSQA's
+# dev_rand_split.jsonl, HotpotQA's distractor dev set, GPQA-Diamond, MBPP's test task ids 11-510
+# (scored by running the code in a sandboxed process, es_jax.rewards.code); Countdown's
+# test.jsonl has no standard size (None: all of it).
+HELD_OUT_TASKS = (
+  {"task": "csqa", "split": "validation", "limit": 1221},
+  {"task": "hotpotqa", "split": "validation", "limit": 7405},
+  {"task": "gpqa", "split": "diamond", "limit": 198},
+  {"task": "mbpp", "split": "test", "limit": 500},
+  {"task": "countdown", "split": "test", "limit": None},
+)
+
+
+def forgetting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Turns `c` into its `:forgetting` variant in place: method="evaluate" of config.model on the
+  held-out tasks only (HELD_OUT_TASKS; no math task, so the math score is never mixed in), with
+  the config's sampling settings. eval/table.md has one row per task; its macro row is the mean
+  over the held-out tasks alone."""
+  first, *rest = HELD_OUT_TASKS
+  c.method = "evaluate"
+  c.eval.update(task=first["task"], split=first["split"], limit=first["limit"], source_dir="",
+                every=0, extra_tasks=tuple(dict(t) for t in rest))
+  return c
+
+
+def parse_variant(variant: str | None, *, file: str, models, modes) -> tuple[str | None, str, bool]:
+  """(model, mode, smoke) of a variant "[MODEL_][MODE_][smoke]", e.g. "qwen2.5-3b_sweep",
+  "forgetting", "sweep_smoke"; model None when not named. Unknown parts raise ValueError."""
+  parts = variant.split("_") if variant else []
+  model = parts.pop(0) if parts and parts[0] in models else None
+  mode = parts.pop(0) if parts and parts[0] in modes else ""
+  smoke_run = parts == ["smoke"]
+  if parts and not smoke_run:
+    model_part = f"MODEL one of {sorted(models)}, " if models else ""
+    raise ValueError(
+      f"{file}: unknown variant {variant!r}; use {'[MODEL_]' if models else ''}[MODE_][smoke] "
+      f"with {model_part}MODE one of {sorted(modes)}, e.g. '{sorted(modes)[0]}'."
+    )
+  return model, mode, smoke_run
+
+
 def sample_dir(name: str) -> str:
   """The shipped sample files of dataset `name` (experiments/configs/sample_data/<name>)."""
   return os.path.join(SAMPLE_DATA, name)

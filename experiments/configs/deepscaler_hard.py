@@ -2,34 +2,63 @@
 
     python -m experiments.main --config experiments/configs/deepscaler_hard.py \
         --workdir gs://BUCKET/hard --config.method=sequential --config.sequential.order=es_grpo
+    python -m experiments.main --config experiments/configs/deepscaler_hard.py:forgetting \
+        --workdir gs://BUCKET/hard_forgetting --config.model.path=gs://BUCKET/hard/hf
     python -m experiments.main --config experiments/configs/deepscaler_hard.py:smoke \
         --workdir /tmp/s
 
-Data: DeepScaleR-Preview's deepscaler.json (--config.data.source_dir=DIR) for training, MATH-500's
-test.jsonl (--config.eval.source_dir=DIR) for evaluation. The paper's math average also covers
-AIME24/25 and AMC23: add them to the final evaluation (macro average in eval/table.md) with
---config.eval.extra_tasks="({'task': 'aime24', 'source_dir': 'DIR'}, ...)", or once prepared in
-the TFDS data_dir, by name: "('aime24', 'aime25', 'amc23')"; held-out tasks (CSQA, ...) likewise.
-Model: --config.model.path = a local HF directory of DeepSeek-R1-Distill-Qwen-1.5B (or hub id).
+Data: DeepScaleR-Preview's deepscaler.json (--config.data.source_dir=DIR) for training. The
+final evaluation is the paper's math average: MATH-500 (eval.task; its test.jsonl in
+--config.eval.source_dir=DIR) and the extra tasks AIME24 (30 problems), AIME25 (30) and AMC23
+(40), macro-averaged in eval/table.md. The extra tasks have no source_dir here: prepare each once
+into the TFDS data_dir (es_jax.data.load_task(name, "test", source_dir=DIR, data_dir=...)), or
+give the entries with source_dir in --config.eval.extra_tasks. Expected files
+(es_jax.data.builders): AIME24 test.jsonl / aime24.jsonl / *.parquet (e.g.
+HuggingFaceH4/aime_2024); AIME25 test.jsonl / aime25.jsonl / aime2025*.jsonl
+(opencompass/AIME2025); AMC23 the 40-problem set (math-ai/amc23, test.jsonl or *.parquet).
+AI-MO/aimo-validation-amc has 83 problems, not AMC23's 40: with it the limit of 40 would keep its
+first 40, a different set; do not use it for this table. Periodic evaluations use MATH-500 alone.
+Model: --config.model.path = a local HF directory of DeepSeek-R1-Distill-Qwen-1.5B (the default
+is the hub id read as a relative local directory; nothing is downloaded). The paper runs the Hard
+setting on this model only, with the default ES settings (N = 32, σ = 1.5e-3, α = 2.5e-4).
 Hardware: a TPU v4-32 / v5e-32 pod slice or 8 × 80 GB GPUs (8,192-token rollouts).
 Expected run time: several days for 200 ES steps on 32 chips; GRPO faster per step.
 Expected result (paper, ×100 Pass@1/16/32, math average): base 47.7/73.5/77.4, GRPO 52.9/74.7/78.0,
 ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2.
-`:smoke`: a random 2-layer model, the shipped DeepScaleR / MATH-500 format samples, a few steps:
-under a minute on CPU; checks the plumbing only.
+`:forgetting`: method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model) on
+the held-out tasks only (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test run
+sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS), never averaged with the math
+tasks: one row per task in eval/table.md (its macro row averages the held-out tasks alone). Files
+as in gsm8k_easy.py's header (CSQA in --config.eval.source_dir, the others prepared once into the
+TFDS data_dir). 8,192 new tokens × 33 samples × about 9,300 problems plus Countdown's (HotpotQA's
+7,405 the most): run time not measured here.
+`:smoke`: a random 2-layer model, the shipped DeepScaleR / MATH-500 format samples (no extra
+tasks), a few steps: under a minute on CPU; checks the plumbing only.
 """
 
-from experiments.configs.base import base_config, smoke
+from experiments.configs.base import base_config, forgetting, parse_variant, smoke
+
+# The math average's tasks besides MATH-500 (docs/method.md §5, §10): all of each test split.
+MATH_EXTRA_TASKS = (
+  {"task": "aime24", "split": "test", "limit": 30},
+  {"task": "aime25", "split": "test", "limit": 30},
+  {"task": "amc23", "split": "test", "limit": 40},
+)
 
 
 def get_config(variant: str | None = None):
+  _, mode, smoke_run = parse_variant(variant, file="deepscaler_hard.py", models=(),
+                                     modes=("forgetting",))
+  if mode and smoke_run:
+    raise ValueError("deepscaler_hard.py: no ':forgetting_smoke' (no held-out sample files).")
   c = base_config()
   c.method = "es"
   c.model.update(source="hf", path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
   c.data.update(task="deepscaler", split="train", limit=40315, prompts_per_step=64)
   c.eval.update(task="math500", split="test", limit=500, num_samples=32, temperature=0.6,
                 max_new_tokens=8192, batch_size=64, ks=(1, 16, 32), every=50,
-                periodic_limit=64, periodic_num_samples=4)
+                periodic_limit=64, periodic_num_samples=4,
+                extra_tasks=tuple(dict(t) for t in MATH_EXTRA_TASKS))
   # eval.batch_size=64: 64 rows x (256 + 8192) tokens compile to 32.4 GiB per v5p chip; 264 rows
   # needed 123 GiB (docs/tpu_plan.md).
   # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
@@ -43,9 +72,10 @@ def get_config(variant: str | None = None):
   # of saved attention scores without (docs/tpu_plan.md).
   c.sequential.update(total_steps=200, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=3)
-  if variant == "smoke":
+  if mode == "forgetting":
+    forgetting(c)
+  if smoke_run:
     smoke(c, preset="tiny-llama", data="deepscaler", eval_data="math500")
-  elif variant:
-    raise ValueError(f"deepscaler_hard.py: unknown variant {variant!r}; use none or ':smoke'.")
+    c.eval.extra_tasks = ()  # no shipped AIME / AMC samples
   c.lock()
   return c
