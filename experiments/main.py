@@ -187,6 +187,16 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   setup_logging(flags.FLAGS.verbosity)
+  from es_jax import checkpoint
+
+  # One SIGTERM flag from here to the end (every stage, the final evaluation and export): a
+  # SIGTERM at any moment ends the run with its state saved and exit status 0.
+  with checkpoint.sigterm_scope():
+    summary = _main()
+  print(json.dumps(summary, indent=1, default=str))
+
+
+def _main() -> dict:
   from es_jax import sharding
   from experiments import config_check
   from experiments.configs.base import METHODS
@@ -212,7 +222,7 @@ def main(argv) -> None:
     if show_tracebacks():
       raise
     user_error(str(e))
-  print(json.dumps(summary, indent=1, default=str))
+  return summary
 
 
 if __name__ == "__main__":

@@ -231,14 +231,75 @@ def test_split_budget_and_bad_values():
     es.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
 
 
-def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, monkeypatch):
-  config = _config(
+def _sequential_config():
+  return _config(
     demo_config, method="sequential", eval__every=0, eval__final=False, export_hf=False
   )
-  sequential.run(config, str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def sequential_reference(tmp_path_factory):
+  """An uninterrupted GRPO→ES smoke run (2 + 2 steps, in process): its workdir and final params."""
+  workdir = tmp_path_factory.mktemp("sequential_reference")
+  sequential.run(_sequential_config(), str(workdir))
+  _, final = _params(str(workdir / "stage2_es" / "checkpoints"))
+  _assert_trained(str(workdir), final)  # so comparing weights shows something
+  return workdir, final
+
+
+def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, sequential_reference):
+  # SIGTERM arrives during stage one's last step (the test hook sends it as step 2 starts): the
+  # step finishes and is saved, stage two is not started, and a rerun ends as an uninterrupted run.
+  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "1_grpo:2")
+  previous = signal.getsignal(signal.SIGTERM)
+  result = sequential.run(_sequential_config(), str(tmp_path))
+  assert result == {"stopped": True}
+  assert signal.getsignal(signal.SIGTERM) == previous  # the run's handler is gone again
+  stage1 = Checkpointer(str(tmp_path / "stage1_grpo" / "checkpoints"), async_save=False)
+  assert stage1.all_steps() == [1, 2]
+  assert not (tmp_path / "stage2_es").exists() and not (tmp_path / "DONE").exists()
+  assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  assert sequential.run(_sequential_config(), str(tmp_path))["stopped"] is False
+  assert (tmp_path / "DONE").exists()
+  _, resumed = _params(str(tmp_path / "stage2_es" / "checkpoints"))
+  _, final = sequential_reference
+  for k in final:
+    np.testing.assert_array_equal(resumed[k], final[k], err_msg=k)
+
+
+def _lines(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch):
+  # The evaluation: 4 problems in 2 blocks. SIGTERM before the second: the first block's records
+  # stay in eval/*.jsonl, nothing is exported, no DONE; a rerun evaluates the other block only
+  # (that a resumed evaluation equals an uninterrupted one: evaluate_test).
+  config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
+  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "eval:2")
+  assert es.run(config, str(tmp_path)) == {"stopped": True}
+  jsonl = tmp_path / "eval" / f"{train_lib.task_label(config.eval.task)}.jsonl"
+  first = _lines(jsonl)
+  assert [r["index"] for r in first] == [0, 1]
+  assert not (tmp_path / "eval" / "table.json").exists()
+  assert not (tmp_path / "hf").exists() and not (tmp_path / "DONE").exists()
+  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  assert es.run(config, str(tmp_path))["stopped"] is False
+  assert (tmp_path / "DONE").exists() and (tmp_path / "hf" / "config.json").exists()
+  records = _lines(jsonl)
+  assert records[:2] == first and [r["index"] for r in records] == [0, 1, 2, 3]
+  assert json.load(open(tmp_path / "eval" / "table.json"))["macro"]["num_problems"] == 4
+
+
+def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
+  tmp_path, monkeypatch, sequential_reference
+):
+  config = _sequential_config()
+  shutil.copytree(sequential_reference[0], tmp_path, dirs_exist_ok=True)
   stage2 = tmp_path / "stage2_es" / "checkpoints"
-  _, final = _params(str(stage2))
-  _assert_trained(str(tmp_path), final)
+  final = sequential_reference[1]
   before = read_metrics(str(tmp_path / "metrics.jsonl"))
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
