@@ -9,7 +9,9 @@
 in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
 files, bad data and a workdir that holds another method's run. `--dry_run` also loads the model and
 the data, then exits 0 without training. Rerunning the same command resumes from the newest
-checkpoint in DIR; a second run on a DIR in use is refused (`experiments.workdir_lock`). On a
+checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation) saves what
+was done and exits 0 (`es_jax.checkpoint.sigterm_scope`, one flag for the whole command); a second
+run on a DIR in use is refused (`experiments.workdir_lock`). On a
 multi-host TPU slice run the same command on every worker
 (jax.distributed joins them).
 
