@@ -35,6 +35,7 @@ Paths may be local or gs:// (anything `etils.epath` opens); they are passed thro
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -609,8 +610,9 @@ class Checkpointer:
 class PreemptionHandler:
   """A signal flag a training loop polls: finish the step, save, exit 0.
 
-  Installed by `install_sigterm_handler`; a context manager that puts the previous handlers back
-  on exit (or call `uninstall()`).
+  Installed by `install_sigterm_handler` (or `sigterm_scope`, which reuses the one an enclosing
+  scope installed, so one flag spans a whole run); a context manager that puts the previous
+  handlers back on exit (or call `uninstall()`).
 
   Attributes:
     requested: True once one of the signals arrived in this process.
@@ -636,6 +638,7 @@ class PreemptionHandler:
       )
     for s in self._signals:
       self._previous[s] = signal.signal(s, self._handle)
+    _ACTIVE.append(self)
     return self
 
   def uninstall(self) -> None:
@@ -643,6 +646,8 @@ class PreemptionHandler:
     for s, previous in self._previous.items():
       signal.signal(s, previous if previous is not None else signal.SIG_DFL)
     self._previous.clear()
+    if self in _ACTIVE:
+      _ACTIVE.remove(self)
 
   def should_stop(self) -> bool:
     """`requested` agreed over all processes (any host's signal stops every host).
@@ -684,3 +689,39 @@ def install_sigterm_handler(
     The installed `PreemptionHandler`, also a context manager restoring the previous handlers.
   """
   return PreemptionHandler(signals).install()
+
+
+_ACTIVE: list[PreemptionHandler] = []  # installed handlers, innermost last
+
+
+def active_handler() -> PreemptionHandler | None:
+  """The innermost installed `PreemptionHandler`, or None."""
+  return _ACTIVE[-1] if _ACTIVE else None
+
+
+@contextlib.contextmanager
+def sigterm_scope(signals: tuple[int, ...] = (signal.SIGTERM,)):
+  """The handler an enclosing scope installed, else a new one installed for this block.
+
+  A run wraps everything it does (startup, every stage, the final evaluation) in one scope, so
+  a signal seen at any moment is still set when the next stage or evaluation asks.
+  """
+  if _ACTIVE:
+    yield _ACTIVE[-1]
+    return
+  with install_sigterm_handler(signals) as handler:
+    yield handler
+
+
+TEST_SIGTERM_ENV = "ES_JAX_TEST_SIGTERM_AT"
+
+
+def sigterm_point(name: str) -> None:
+  """Sends this process SIGTERM when $ES_JAX_TEST_SIGTERM_AT equals `name` (a test hook).
+
+  The runners name points "<stage>:<step>" (at the start of that local step of the stage, by its
+  label such as "1_grpo" or its method name) and "eval:<k>" (before the k-th computed batch of
+  the final evaluation), so tests can stop a run at an exact moment without sleeps.
+  """
+  if os.environ.get(TEST_SIGTERM_ENV) == name:
+    os.kill(os.getpid(), signal.SIGTERM)

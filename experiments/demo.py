@@ -14,6 +14,7 @@ Evaluates the base model, runs each method of `config.demo.runs` with the budget
   entropy.png, reward.png                 rollout entropy and training reward over steps
 
 Rerunning resumes: finished runs are skipped, an interrupted one continues from its checkpoint.
+A SIGTERM (one flag for the whole demo) saves the current run and starts no later one.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import ml_collections
 
+from es_jax import checkpoint
 from experiments import config_check, es, grpo, report, sequential, train_lib
 
 log = logging.getLogger(__name__)
@@ -66,21 +68,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
     train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
-  base_dir = os.path.join(workdir, "base")
-  if _table(base_dir) is None:
-    log.info("demo: evaluating the base model into %s", base_dir)
-    train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
-  for name in names:
-    method, runner, order, shaping = RUNS[name]
-    sub_dir = os.path.join(workdir, name)
-    if os.path.exists(os.path.join(sub_dir, "DONE")):
-      log.info("demo: %s already finished in %s", name, sub_dir)
-    else:
+  with checkpoint.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
+    base_dir = os.path.join(workdir, "base")
+    if _table(base_dir) is None:
+      log.info("demo: evaluating the base model into %s", base_dir)
+      result = train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
+      if result.get("stopped"):
+        return {"stopped": True}
+    for name in names:
+      method, runner, order, shaping = RUNS[name]
+      sub_dir = os.path.join(workdir, name)
+      if os.path.exists(os.path.join(sub_dir, "DONE")):
+        log.info("demo: %s already finished in %s", name, sub_dir)
+        continue
+      if train_lib.preempted():
+        return {"stopped": True}
       log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
       result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-  return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
+    if train_lib.preempted():
+      return {"stopped": True}
+    return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 
 
 def _model_name(model) -> str:

@@ -105,6 +105,10 @@ def _check(cond: bool, field: str, value: Any, need: str):
     raise ConfigError(f"{field}={value!r} is invalid: {need}.")
 
 
+class EvaluationStopped(Exception):
+  """`evaluate_model`'s `should_stop` returned True; the finished problems are in the jsonl."""
+
+
 def evaluate_model(
   params,
   config: models.ModelConfig | None,
@@ -133,6 +137,7 @@ def evaluate_model(
   save_text: bool = False,
   run_info: Mapping[str, Any] | None = None,
   log_progress: bool = False,
+  should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
   """Samples `num_samples` answers per problem (plus a greedy one) and scores them.
 
@@ -166,6 +171,8 @@ def evaluate_model(
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
     log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%.
+    should_stop: called before each batch that samples something; True raises
+      `EvaluationStopped` (the problems finished so far are already in the jsonl).
 
   Returns:
     The task summary (`summarize`: greedy, pass@k, maj@k, mean_length, mean_entropy, curve),
@@ -250,6 +257,9 @@ def evaluate_model(
     block = range(start, min(start + batch_size, len(examples)))
     if all(i in records for i in block):
       continue
+    if should_stop is not None and should_stop():
+      bar.close()
+      raise EvaluationStopped(f"{label}: stopped before problem {start} of {len(examples)}")
     block_key = jax.random.fold_in(task_key, start // batch_size)
     for i, scored in scorer.score_block(examples, block, set(records), block_key):
       records[i] = eval_results.make_record(i, examples[i], scored)

@@ -9,7 +9,9 @@
 in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
 files, bad data and a workdir that holds another method's run. `--dry_run` also loads the model and
 the data, then exits 0 without training. Rerunning the same command resumes from the newest
-checkpoint in DIR; a second run on a DIR in use is refused (`experiments.workdir_lock`). On a
+checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation) saves what
+was done and exits 0 (`es_jax.checkpoint.sigterm_scope`, one flag for the whole command); a second
+run on a DIR in use is refused (`experiments.workdir_lock`). On a
 multi-host TPU slice run the same command on every worker
 (jax.distributed joins them).
 
@@ -187,6 +189,16 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   setup_logging(flags.FLAGS.verbosity)
+  from es_jax import checkpoint
+
+  # One SIGTERM flag from here to the end (every stage, the final evaluation and export): a
+  # SIGTERM at any moment ends the run with its state saved and exit status 0.
+  with checkpoint.sigterm_scope():
+    summary = _main()
+  print(json.dumps(summary, indent=1, default=str))
+
+
+def _main() -> dict:
   from es_jax import sharding
   from experiments import config_check
   from experiments.configs.base import METHODS
@@ -212,7 +224,7 @@ def main(argv) -> None:
     if show_tracebacks():
       raise
     user_error(str(e))
-  print(json.dumps(summary, indent=1, default=str))
+  return summary
 
 
 if __name__ == "__main__":

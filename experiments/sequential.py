@@ -8,7 +8,9 @@ rest for the second stage, which starts from the first stage's final params. Eac
 own checkpoints (workdir/stage1_<method>/, workdir/stage2_<method>/); metrics go to one
 metrics.jsonl with global steps (stage two continues the count) and a `stage` column. The data
 stream continues across the boundary (experiments.train_lib). A resumed run whose first stage is
-finished restores that stage's final checkpoint and runs none of its steps again.
+finished restores that stage's final checkpoint and runs none of its steps again. A SIGTERM at
+any moment (during stage one's last step included) saves and ends the run before stage two or the
+final evaluation start; rerunning continues.
 
 GRPO's KL term (grpo.beta > 0) anchors to `sequential.kl_reference`: "base" (default: the
 original model, as in a GRPO-only run, so the penalty means the same in every method) or
@@ -22,6 +24,7 @@ from typing import Any
 
 import ml_collections
 
+from es_jax import checkpoint
 from experiments import es, grpo, train_lib
 
 TRAINERS = {"es": es.train, "grpo": grpo.train}
@@ -61,14 +64,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   reference = config.sequential.kl_reference
   train_lib.check(reference in KL_REFERENCES, "sequential.kl_reference", reference,
                   f"use one of {KL_REFERENCES}")  # fmt: skip
-  ctx = train_lib.make_context(config, workdir)
-  params = ctx.base_params
-  for i, stage in enumerate(stages(config, ctx.workdir)):
-    extra = {}
-    if stage.name == "grpo" and i == 1 and reference == "stage1":
-      extra["ref_params"] = params  # ES→GRPO: the KL anchors to the ES stage's output
-    result = TRAINERS[stage.name](ctx, params, stage, **extra)
-    if not result.finished:
-      return train_lib.finish(ctx, result.params, stopped=True)
-    params = result.params
-  return train_lib.finish(ctx, params, stopped=False)
+  with checkpoint.sigterm_scope():  # one flag for both stages and the final evaluation
+    ctx = train_lib.make_context(config, workdir)
+    params = ctx.base_params
+    for i, stage in enumerate(stages(config, ctx.workdir)):
+      extra = {}
+      if stage.name == "grpo" and i == 1 and reference == "stage1":
+        extra["ref_params"] = params  # ES→GRPO: the KL anchors to the ES stage's output
+      result = TRAINERS[stage.name](ctx, params, stage, **extra)
+      if not result.finished:  # SIGTERM, even during its last step: stage two is not started
+        return train_lib.finish(ctx, result.params, stopped=True)
+      params = result.params
+    return train_lib.finish(ctx, params, stopped=False)

@@ -19,6 +19,7 @@ stage), a checkpoint directory, or an HF directory (config.json + safetensors).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from typing import Any
 
@@ -30,6 +31,8 @@ import numpy as np
 from es_jax import metrics, models
 from es_jax.models.transformer import check_param_shapes
 from experiments import config_check, evaluate, plots, train_lib
+
+log = logging.getLogger(__name__)
 
 
 def checkpoint_dir_of(path: str) -> str:
@@ -98,13 +101,19 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     out_dir = os.path.join(workdir, f"eval_{name}")
     return evaluator.final(params, model.config, out_dir)["macro"]
 
-  rows = [{"model": "base", "tau": None, "sparsity": None, **evaluate_params(base, "base")}]
-  rows.append({"model": "tuned", "tau": 0.0, "sparsity": 0.0, **evaluate_params(tuned, "tuned")})
-  for tau in sorted(taus):
-    thresholded = metrics.threshold_update(base, tuned, tau)
-    s = float(metrics.update_sparsity(delta, tau))
-    rows.append({"model": f"tau={tau:g}", "tau": tau, "sparsity": s,
-                 **evaluate_params(thresholded, f"tau={tau:g}")})
+  try:  # a SIGTERM stops an evaluation between batches: its jsonl resumes on a rerun
+    rows = [{"model": "base", "tau": None, "sparsity": None, **evaluate_params(base, "base")}]
+    rows.append(
+      {"model": "tuned", "tau": 0.0, "sparsity": 0.0, **evaluate_params(tuned, "tuned")}
+    )
+    for tau in sorted(taus):
+      thresholded = metrics.threshold_update(base, tuned, tau)
+      s = float(metrics.update_sparsity(delta, tau))
+      rows.append({"model": f"tau={tau:g}", "tau": tau, "sparsity": s,
+                   **evaluate_params(thresholded, f"tau={tau:g}")})
+  except evaluate.EvaluationStopped:
+    log.warning("stopped by SIGTERM; rerun the same command to resume")
+    return {"stopped": True}
   result = {
     "drift": float(metrics.relative_drift(tuned, base)),
     "changed_fraction": float(

@@ -32,6 +32,7 @@ import numpy as np
 from etils import epath
 from flax import nnx
 
+from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, memory_plan, metrics, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
@@ -257,8 +258,18 @@ class Evaluator:
     self, params, model_config: models.ModelConfig, out_dir: str, run_info=None
   ) -> dict[str, Any]:
     """The full evaluation written into `out_dir` (resumable, see experiments.evaluate);
-    `run_info` (e.g. the model config) is stored with the settings: a resume must match it."""
+    `run_info` (e.g. the model config) is stored with the settings: a resume must match it.
+
+    Raises:
+      evaluate.EvaluationStopped: the run's SIGTERM flag was set before a batch.
+    """
     n = int(self.config.num_samples)
+    batches = iter(range(1, 1 << 62))
+
+    def should_stop() -> bool:
+      checkpoint_lib.sigterm_point(f"eval:{next(batches)}")
+      return preempted()
+
     return evaluate.evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
       model_config,
@@ -267,6 +278,7 @@ class Evaluator:
       out_dir=out_dir,
       log_progress=True,
       run_info=run_info,
+      should_stop=should_stop,
       **self._kwargs(n),
     )
 
@@ -543,7 +555,16 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], pre
 
 class StageResult(NamedTuple):
   params: Any
-  finished: bool  # False: stopped early by SIGTERM (a checkpoint was saved)
+  finished: bool  # False: stopped by SIGTERM, before or after its last step (checkpoint saved)
+
+
+def preempted() -> bool:
+  """Whether the run's SIGTERM flag (`es_jax.checkpoint.sigterm_scope`) is set, on any host.
+
+  False outside a scope. A collective with several processes: call it at the same point on all.
+  """
+  handler = checkpoint_lib.active_handler()
+  return handler is not None and handler.should_stop()
 
 
 @jax.jit
@@ -572,6 +593,12 @@ class Loop:
   """
 
   def __init__(self, ctx: Context, stage: Stage, state: Any):
+    # The run's flag (one `sigterm_scope` around the whole run: a signal seen in an earlier stage
+    # or at startup stops this one before its first step); a stage run alone installs its own.
+    self.preempt = checkpoint_lib.active_handler()
+    self._own_handler = self.preempt is None
+    if self._own_handler:
+      self.preempt = install_sigterm_handler()
     cfg = ctx.config.checkpoint
     positive_int(cfg.every, "checkpoint.every")
     positive_int(cfg.keep, "checkpoint.keep")
@@ -623,13 +650,12 @@ class Loop:
       self.logger = RunLogger(
         ctx.workdir, config=ctx.config, resume_step=-1, data_sources=ctx.data_sources
       )
-      if ctx.config.eval.every > 0:  # the base model, at global step 0
+      if ctx.config.eval.every > 0 and not self.preempt.should_stop():  # the base model, step 0
         self.logger.log(0, ctx.evaluator.periodic(ctx.base_params, ctx.model_config))
     else:
       self.logger = RunLogger(
         ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
       )
-    self.preempt = install_sigterm_handler()
     self.stopped = False
     self.bar = ProgressBar(
       stage.num_steps,
@@ -653,12 +679,17 @@ class Loop:
     self.logger.log(self.stage.offset + step, values, stage=self.stage.label)
 
   def steps(self):
+    """Local steps start+1 .. num_steps; none after a SIGTERM. A SIGTERM during the last step
+    (or before a finished stage's restore) also marks the stage stopped: later stages and the
+    final evaluation are skipped, a rerun continues from there."""
     for step in range(self.start + 1, self.stage.num_steps + 1):
       if self.preempt.should_stop():
         self.stopped = True
         return
       self._t = time.perf_counter()
+      checkpoint_lib.sigterm_point(f"{self.stage.label or self.stage.name}:{step}")
       yield step
+    self.stopped = self.preempt.should_stop()
 
   def step_seconds(self) -> float:
     return time.perf_counter() - self._t
@@ -705,7 +736,8 @@ class Loop:
     self.ckpt.close()
     self.bar.close()
     self.logger.close()
-    self.preempt.uninstall()
+    if self._own_handler:
+      self.preempt.uninstall()
     return not self.stopped
 
 
@@ -731,16 +763,29 @@ def train_metrics_plots(workdir: str) -> dict[str, str]:
   return out
 
 
+def _stopped_result(what: str) -> dict[str, Any]:
+  log.warning("stopped by SIGTERM; %s, rerun the same command to resume", what)
+  return {"stopped": True}
+
+
 def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
-  """After the last stage: final evaluation, HF export and plots (skipped when preempted)."""
-  if stopped:
-    log.warning("stopped by SIGTERM; checkpoint saved, rerun the same command to resume")
-    return {"stopped": True}
+  """After the last stage: final evaluation, HF export and plots (skipped when preempted).
+
+  A SIGTERM during the final evaluation stops it between batches (the finished problems are in
+  eval/*.jsonl, a rerun evaluates the rest); then nothing is exported and DONE is not written.
+  """
+  if stopped or preempted():
+    return _stopped_result("checkpoint saved")
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
     log.info("final evaluation into %s", os.path.join(ctx.workdir, "eval"))
-    ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
+    try:
+      ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
+    except evaluate.EvaluationStopped:
+      return _stopped_result("the evaluated problems are saved in eval/")
     results["eval"] = ev["macro"]
+  if preempted():
+    return _stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
     results["hf"] = export_hf(
       params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
@@ -755,24 +800,32 @@ def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
 def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train_fn) -> dict:
   """One method from the base model: `config.<name>.num_steps` steps of `train_fn`, then
   `finish` (evaluation, export, plots)."""
-  ctx = make_context(config, workdir)
-  n = positive_int(config[name].num_steps, f"{name}.num_steps")
-  result = train_fn(ctx, ctx.base_params, Stage(name, n, os.path.join(ctx.workdir, "checkpoints")))
-  return finish(ctx, result.params, stopped=not result.finished)
+  with checkpoint_lib.sigterm_scope():
+    ctx = make_context(config, workdir)
+    n = positive_int(config[name].num_steps, f"{name}.num_steps")
+    stage = Stage(name, n, os.path.join(ctx.workdir, "checkpoints"))
+    result = train_fn(ctx, ctx.base_params, stage)
+    return finish(ctx, result.params, stopped=not result.finished)
 
 
 def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   config_check.validate(config)
-  with config_check.user_errors("config.model"):
-    model, tokenizer = load_model(config.model, seed=config.seed)
-  evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
-  write_run_files(workdir, config)  # config.json and versions.json, as training runs have
-  model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
-  ev = evaluator.final(
-    models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
-  )
-  return {"eval": ev["macro"]}
+  with checkpoint_lib.sigterm_scope():
+    with config_check.user_errors("config.model"):
+      model, tokenizer = load_model(config.model, seed=config.seed)
+    evaluator = Evaluator(config, tokenizer, run_keys(config.seed))
+    write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+    model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
+    if preempted():
+      return _stopped_result("nothing evaluated yet")
+    try:
+      ev = evaluator.final(
+        models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
+      )
+    except evaluate.EvaluationStopped:
+      return _stopped_result("the evaluated problems are saved in eval/")
+    return {"stopped": False, "eval": ev["macro"]}
 
 
 def to_host(tree):

@@ -16,7 +16,10 @@ from es_jax.checkpoint import (
   Checkpointer,
   CorruptCheckpointError,
   CorruptCheckpointWarning,
+  active_handler,
   install_sigterm_handler,
+  sigterm_point,
+  sigterm_scope,
 )
 
 # Orbax/tensorstore log an "Event loop is closed" from a failed read's cleanup thread.
@@ -215,6 +218,24 @@ def test_sigterm_sets_flag_and_restores_handler():
     assert preempt.signum == signal.SIGTERM
   # Still alive here, and the previous handler is back.
   assert signal.getsignal(signal.SIGTERM) == previous
+
+
+def test_sigterm_scope_is_one_flag_for_nested_scopes(monkeypatch):
+  previous = signal.getsignal(signal.SIGTERM)
+  assert active_handler() is None
+  with sigterm_scope() as outer:
+    with sigterm_scope() as inner:  # e.g. a stage inside a run: the same flag
+      assert inner is outer and active_handler() is outer
+      monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "1_es:2")
+      sigterm_point("1_es:1")  # another point: nothing sent
+      assert not outer.requested
+      sigterm_point("1_es:2")
+      deadline = time.monotonic() + 5
+      while not outer.requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # The inner scope ended; the flag and the handler are still the run's.
+    assert outer.requested and signal.getsignal(signal.SIGTERM) == outer._handle
+  assert active_handler() is None and signal.getsignal(signal.SIGTERM) == previous
 
 
 def test_sigterm_handler_refuses_other_threads():

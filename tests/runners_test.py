@@ -9,13 +9,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 import pytest
 from run_configs import smoke_config
 
-from es_jax import models
+from es_jax import checkpoint, models
 from es_jax.checkpoint import Checkpointer
 from experiments import demo, es, grpo, sequential, train_lib
 from experiments.configs import deepscaler_hard, gsm8k_easy
@@ -231,14 +232,83 @@ def test_split_budget_and_bad_values():
     es.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
 
 
-def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(tmp_path, monkeypatch):
-  config = _config(
+def _sequential_config():
+  return _config(
     demo_config, method="sequential", eval__every=0, eval__final=False, export_hf=False
   )
-  sequential.run(config, str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def sequential_reference(tmp_path_factory):
+  """An uninterrupted GRPO→ES smoke run (2 + 2 steps, in process): its workdir and final params."""
+  workdir = tmp_path_factory.mktemp("sequential_reference")
+  sequential.run(_sequential_config(), str(workdir))
+  _, final = _params(str(workdir / "stage2_es" / "checkpoints"))
+  _assert_trained(str(workdir), final)  # so comparing weights shows something
+  return workdir, final
+
+
+def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, sequential_reference):
+  # SIGTERM arrives during stage one's last step (the test hook sends it as step 2 starts): the
+  # step finishes and is saved, stage two is not started, and a rerun ends as an uninterrupted run.
+  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "1_grpo:2")
+  previous = signal.getsignal(signal.SIGTERM)
+  result = sequential.run(_sequential_config(), str(tmp_path))
+  assert result == {"stopped": True}
+  assert signal.getsignal(signal.SIGTERM) == previous  # the run's handler is gone again
+  stage1 = Checkpointer(str(tmp_path / "stage1_grpo" / "checkpoints"), async_save=False)
+  assert stage1.all_steps() == [1, 2]
+  assert not (tmp_path / "stage2_es").exists() and not (tmp_path / "DONE").exists()
+  assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
+  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  assert sequential.run(_sequential_config(), str(tmp_path))["stopped"] is False
+  assert (tmp_path / "DONE").exists()
+  _, resumed = _params(str(tmp_path / "stage2_es" / "checkpoints"))
+  _, final = sequential_reference
+  for k in final:
+    np.testing.assert_array_equal(resumed[k], final[k], err_msg=k)
+
+
+def test_sigterm_during_startup_stops_before_the_first_step(tmp_path):
+  with checkpoint.sigterm_scope() as preempt:  # the CLI's scope, as main() holds it
+    preempt.requested = True  # as if SIGTERM arrived while the model and data were loading
+    assert es.run(_config(demo_config, method="es"), str(tmp_path)) == {"stopped": True}
+  assert not Checkpointer(str(tmp_path / "checkpoints"), async_save=False).all_steps()
+  assert not (tmp_path / "DONE").exists() and not (tmp_path / "eval").exists()
+
+
+def _lines(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch):
+  # The evaluation: 4 problems in 2 blocks. SIGTERM before the second: the first block's records
+  # stay in eval/*.jsonl, nothing is exported, no DONE; a rerun evaluates the other block only
+  # (that a resumed evaluation equals an uninterrupted one: evaluate_test).
+  config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
+  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "eval:2")
+  assert es.run(config, str(tmp_path)) == {"stopped": True}
+  jsonl = tmp_path / "eval" / f"{train_lib.task_label(config.eval.task)}.jsonl"
+  first = _lines(jsonl)
+  assert [r["index"] for r in first] == [0, 1]
+  assert not (tmp_path / "eval" / "table.json").exists()
+  assert not (tmp_path / "hf").exists() and not (tmp_path / "DONE").exists()
+  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  assert es.run(config, str(tmp_path))["stopped"] is False
+  assert (tmp_path / "DONE").exists() and (tmp_path / "hf" / "config.json").exists()
+  records = _lines(jsonl)
+  assert records[:2] == first and [r["index"] for r in records] == [0, 1, 2, 3]
+  assert json.load(open(tmp_path / "eval" / "table.json"))["macro"]["num_problems"] == 4
+
+
+def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
+  tmp_path, monkeypatch, sequential_reference
+):
+  config = _sequential_config()
+  shutil.copytree(sequential_reference[0], tmp_path, dirs_exist_ok=True)
   stage2 = tmp_path / "stage2_es" / "checkpoints"
-  _, final = _params(str(stage2))
-  _assert_trained(str(tmp_path), final)
+  final = sequential_reference[1]
   before = read_metrics(str(tmp_path / "metrics.jsonl"))
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
@@ -310,71 +380,120 @@ def _env():
   return env
 
 
-def _run(workdir, *overrides, timeout=300):
-  out = subprocess.run(
-    _command(workdir, *overrides),
-    cwd=ROOT,
-    env=_env(),
-    capture_output=True,
-    text=True,
-    timeout=timeout,
-  )
-  assert out.returncode == 0, out.stderr[-3000:]
-  return out
+# Waits on subprocess runs: no fixed timeout (a loaded machine makes runs slow, not hung). A run
+# is killed as hung only when neither its output nor its workdir changed for STALL_S seconds,
+# times the load (os.getloadavg() per CPU, at least 1); HARD_LIMIT_S bounds a run that keeps
+# writing forever.
+STALL_S, HARD_LIMIT_S = 120.0, 3600.0
 
 
-def _start_and_signal(workdir, sig, *overrides, after_step=1, timeout=300):
-  """Starts a run, sends `sig` once checkpoint `after_step` is committed; returns the process."""
-  proc = subprocess.Popen(
-    _command(workdir, *overrides),
-    cwd=ROOT,
-    env=_env(),
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
+def _load_factor() -> float:
+  try:
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+  except OSError:  # no load average on this platform
+    return 1.0
+
+
+def _progress(*paths) -> tuple:
+  """(newest mtime, file count, total size) under `paths`: changes while a run makes progress."""
+  newest, count, size = 0.0, 0, 0
+  for path in paths:
+    for root, _, files in os.walk(path) if os.path.isdir(path) else [("", (), (path,))]:
+      for f in files:
+        try:
+          st = os.stat(os.path.join(root, f))
+        except OSError:  # removed meanwhile (a checkpoint's temporary files)
+          continue
+        newest, count, size = max(newest, st.st_mtime), count + 1, size + st.st_size
+  return newest, count, size
+
+
+class _Proc:
+  """A `python -m experiments.main` subprocess, its stderr in a file, waited on with progress
+  checks (see STALL_S)."""
+
+  def __init__(self, workdir, *overrides):
+    self.workdir = workdir
+    parent = os.path.dirname(os.path.abspath(workdir))  # a test's tmp dir, not the workdir
+    self._log = tempfile.NamedTemporaryFile("w+", suffix=".stderr", dir=parent, delete=False)
+    self.proc = subprocess.Popen(
+      _command(workdir, *overrides),
+      cwd=ROOT,
+      env=_env(),
+      stdout=self._log,
+      stderr=self._log,
+      text=True,
+    )
+    self._t0 = self._seen = time.monotonic()
+    self._mark = None
+
+  @property
+  def pid(self):
+    return self.proc.pid
+
+  @property
+  def stderr(self) -> str:
+    with open(self._log.name) as f:
+      return f.read()
+
+  def alive(self, what="the run") -> bool:
+    """Whether it still runs; fails (after killing it) when it stopped progressing."""
+    if self.proc.poll() is not None:
+      return False
+    now, mark = time.monotonic(), _progress(self.workdir, self._log.name)
+    if mark != self._mark:
+      self._mark, self._seen = mark, now
+    stalled = now - self._seen > STALL_S * _load_factor()
+    if stalled or now - self._t0 > HARD_LIMIT_S:
+      self.proc.kill()
+      self.proc.wait()
+      reason = f"no progress for {now - self._seen:.0f} s" if stalled else "over the hard limit"
+      raise AssertionError(f"{what} in {self.workdir}: {reason}\n{self.stderr[-3000:]}")
+    return True
+
+  def wait(self) -> int:
+    while self.alive():
+      time.sleep(0.2)
+    return self.proc.returncode
+
+  def kill(self):
+    self.proc.kill()
+    self.proc.wait()
+
+
+def _run(workdir, *overrides):
+  run = _Proc(workdir, *overrides)
+  assert run.wait() == 0, run.stderr[-3000:]
+  return run
+
+
+def _start_and_signal(workdir, sig, *overrides, after_step=1):
+  """Starts a run, sends `sig` once checkpoint `after_step` is committed; returns the _Proc."""
+  run = _Proc(workdir, *overrides)
   marker = os.path.join(workdir, "checkpoints", str(after_step), "commit_success.txt")
-  deadline = time.monotonic() + timeout
   while not os.path.exists(marker):
-    if proc.poll() is not None:
-      raise AssertionError(f"run ended before step {after_step}: {proc.stderr.read()[-3000:]}")
-    assert time.monotonic() < deadline, "timed out waiting for a checkpoint"
+    if not run.alive(f"waiting for checkpoint {after_step}"):
+      raise AssertionError(f"run ended before step {after_step}: {run.stderr[-3000:]}")
     time.sleep(0.05)
-  proc.send_signal(sig)
-  return proc
+  run.proc.send_signal(sig)
+  return run
 
 
 def test_second_run_on_a_workdir_in_use_is_refused(tmp_path):
   workdir = str(tmp_path)
-  first = subprocess.Popen(
-    _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
-    cwd=ROOT,
-    env=_env(),
-    stdout=subprocess.DEVNULL,
-    stderr=subprocess.DEVNULL,
-  )
+  first = _Proc(workdir, "--config.method=es", "--config.es.num_steps=50")
   try:
     lock = os.path.join(workdir, "run.lock")
-    deadline = time.monotonic() + 120
     while not (os.path.exists(lock) and os.path.getsize(lock)):
-      assert first.poll() is None and time.monotonic() < deadline, "first run never locked"
+      assert first.alive("the first run, before locking"), "first run never locked"
       time.sleep(0.05)
-    second = subprocess.run(
-      _command(workdir, "--config.method=es", "--config.es.num_steps=50"),
-      cwd=ROOT,
-      env=_env(),
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
-    assert second.returncode != 0
-    assert second.returncode == 2  # a user error: one line, no traceback
+    second = _Proc(workdir, "--config.method=es", "--config.es.num_steps=50")
+    assert second.wait() == 2  # a user error: one line, no traceback
     assert "error:" in second.stderr and "Traceback" not in second.stderr
     assert f"pid {first.pid} on host" in second.stderr
-    assert first.poll() is None  # the first run goes on
+    assert first.proc.poll() is None  # the first run goes on
   finally:
     first.kill()
-    first.wait()
 
 
 @pytest.fixture(scope="module")
@@ -392,8 +511,7 @@ def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
   proc = _start_and_signal(
     workdir, signal.SIGKILL, "--config.method=es", "--config.es.num_steps=4", after_step=2
   )
-  proc.wait(timeout=60)
-  assert proc.returncode == -signal.SIGKILL
+  assert proc.wait() == -signal.SIGKILL
   _run(workdir, "--config.method=es", "--config.es.num_steps=4")
   step, params = _params(os.path.join(workdir, "checkpoints"))
   ref_step, ref, _ = es_reference
@@ -427,7 +545,7 @@ def test_grpo_sigkill_resume_matches(tmp_path):
   ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
   _run(ref_dir, *overrides)
   proc = _start_and_signal(workdir, signal.SIGKILL, *overrides, after_step=1)
-  proc.wait(timeout=60)
+  proc.wait()
   _run(workdir, *overrides)
   _, ref = _params(os.path.join(ref_dir, "checkpoints"))
   step, params = _params(os.path.join(workdir, "checkpoints"))
@@ -447,8 +565,7 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
     "--config.checkpoint.every=10",
     after_step=1,
   )
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 0, err[-3000:]
+  assert proc.wait() == 0, proc.stderr[-3000:]
   steps = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False).all_steps()
   assert max(steps) > 1 and max(steps) < 50  # a checkpoint of the step it stopped after
   assert not os.path.exists(os.path.join(workdir, "DONE"))
@@ -459,15 +576,8 @@ def test_main_refuses_unknown_key_and_bad_value(tmp_path):
     ("--config.es.populaton_size=8", "populaton_size"),
     ("--config.es.sigma=abc", "sigma"),
   ):
-    out = subprocess.run(
-      _command(str(tmp_path), override),
-      cwd=ROOT,
-      env=_env(),
-      capture_output=True,
-      text=True,
-      timeout=120,
-    )
-    assert out.returncode != 0 and name in out.stderr, out.stderr[-2000:]
+    out = _Proc(str(tmp_path), override)
+    assert out.wait() != 0 and name in out.stderr, out.stderr[-2000:]
 
 
 def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
