@@ -7,37 +7,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from tiny_models import micro_config, random_params
 
 from es_jax import es, grpo_train, population, sharding
-from es_jax.models import ModelConfig, param_shapes
 
-CONFIG = ModelConfig(
-  vocab_size=32,
-  hidden_size=16,
-  num_layers=1,
-  num_heads=2,
-  num_kv_heads=1,
-  intermediate_size=32,
-  max_position_embeddings=32,
-)
+CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5
 
 
 def params(seed: int = 0):
-  rng = np.random.RandomState(seed)
-
-  def build(tree):
-    return {
-      k: build(v)
-      if isinstance(v, dict)
-      else np.asarray(
-        1.0 + 0.1 * rng.randn(*v) if k.endswith("norm") else rng.randn(*v) / np.sqrt(v[-2]),
-        np.float32,
-      )
-      for k, v in tree.items()
-    }
-
-  return build(param_shapes(CONFIG))
+  return random_params(CONFIG, seed, xp=np)
 
 
 def low_half(tokens, mask):

@@ -6,46 +6,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from tiny_models import micro_config, random_params
 
 from es_jax import es, noise, population, sampling, sharding
-from es_jax.models import ModelConfig, param_shapes
 
 # Qwen2-like micro model: qkv biases (non-hook [L, n] leaves) and a tied head (hook via embed).
-CONFIG = ModelConfig(
-  vocab_size=32,
-  hidden_size=16,
-  num_layers=2,
-  num_heads=2,
-  num_kv_heads=1,
-  intermediate_size=32,
-  qkv_bias=True,
-  tie_embeddings=True,
-  max_position_embeddings=64,
-  architecture="qwen2",
-)
+CONFIG = micro_config(qkv_bias=True, tie_embeddings=True, architecture="qwen2")
 N, P, S, T = 8, 4, 8, 8
 SIGMA = 0.05
 
 
 def _params(seed=0):
-  """Random weights ~ 1/sqrt(fan_in) (O(1) logits, so greedy tokens have no near-ties), built
-  in numpy from the config's shapes (no per-shape init compiles)."""
-  rng = np.random.RandomState(seed)
-
-  def init(name, shape):
-    if name.endswith("norm"):
-      return 1.0 + 0.1 * rng.randn(*shape)
-    if len(shape) == 1 or name.startswith("b"):
-      return 0.1 * rng.randn(*shape)
-    return rng.randn(*shape) / np.sqrt(shape[-2])
-
-  def build(tree):
-    return {
-      k: build(v) if isinstance(v, dict) else jnp.asarray(init(k, v), jnp.float32)
-      for k, v in tree.items()
-    }
-
-  return build(param_shapes(CONFIG))
+  """Random weights ~ 1/sqrt(fan_in), norms ~ 1, biases ~ 0.1 (tests/tiny_models.py)."""
+  return random_params(CONFIG, seed, vectors=0.1)
 
 
 def _prompts():

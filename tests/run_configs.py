@@ -1,6 +1,20 @@
-"""Experiment configs for runner tests: a config file's variant with `a__b=value` overrides."""
+"""Experiment configs for runner tests (a config file's variant with `a__b=value` overrides) and
+the checks they share on a finished run directory."""
 
+import json
+import math
+import os
+
+import numpy as np
 from ml_collections import ConfigDict
+
+from es_jax import models
+from es_jax.checkpoint import Checkpointer
+from experiments import train_lib
+from experiments.configs import demo as demo_config
+from experiments.logger import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def smoke_config(module, variant="smoke", **overrides) -> ConfigDict:
@@ -16,3 +30,66 @@ def smoke_config(module, variant="smoke", **overrides) -> ConfigDict:
     node[leaf] = value
   c.lock()
   return c
+
+
+def finite_metrics(workdir):
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert rows, "no metrics"
+  for r in rows:
+    for k, v in r.items():
+      if isinstance(v, float):
+        assert math.isfinite(v), (k, r["step"])
+  return rows
+
+
+def checkpoint_params(ckpt_dir, step=None):
+  ckpt = Checkpointer(ckpt_dir, async_save=False)
+  try:
+    restored = ckpt.restore(step)
+  finally:
+    ckpt.close()
+  state = restored.state
+  params = state["params"] if isinstance(state, dict) and "params" in state else state[0]
+  return restored.meta["step"], {"/".join(map(str, k)): np.asarray(v) for k, v in leaves(params)}
+
+
+def leaves(tree, prefix=()):
+  if isinstance(tree, dict):
+    for k in sorted(tree):
+      yield from leaves(tree[k], (*prefix, k))
+  else:
+    yield prefix, tree
+
+
+def assert_trained(workdir, params, dtype=None):
+  """The run's rewards varied (across ES members or GRPO samples) and its weights left the base
+  model's: only then does comparing two runs' weights show anything. Smoke configs score with
+  es_jax.rewards.synthetic.char_parity, which varies on a random model."""
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  spread = [r.get("fitness/std", r.get("reward/std", 0.0)) for r in rows if r["step"] > 0]
+  assert spread and max(spread) > 0, "rewards never varied"
+  model, _ = train_lib.load_model(smoke_config(demo_config).model, seed=0)
+  base = models.params(model) if dtype is None else models.cast_params(models.params(model), dtype)
+  base = {"/".join(map(str, k)): np.asarray(v) for k, v in leaves(base)}
+  assert set(base) == set(params)
+  assert any(not np.array_equal(params[k], base[k]) for k in params), "weights never moved"
+
+
+def assert_run_outputs(workdir, ckpt_dir):
+  assert os.path.exists(os.path.join(workdir, "DONE"))
+  assert Checkpointer(ckpt_dir, async_save=False).all_steps()
+  rows = finite_metrics(workdir)
+  assert rows[0]["step"] == 0 and "eval/pass@1" in rows[0]  # the base model's periodic eval
+  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  table = json.load(open(os.path.join(workdir, "eval", "table.json")))
+  assert 0.0 <= table["macro"]["pass@1"] <= 1.0
+  for name in ("reward.png", "entropy.png", os.path.join("eval", "pass_at_k.png")):
+    assert os.path.getsize(os.path.join(workdir, name)) > 1000
+  assert os.path.exists(os.path.join(workdir, "hf", "config.json"))
+  assert json.load(open(os.path.join(workdir, "config.json")))["method"]
+  # Where the examples came from: source directory, the files' SHA-256, rows used.
+  sources = json.load(open(os.path.join(workdir, "versions.json")))["data"]
+  assert sources["data"]["used"] > 0 and sources["eval"]["used"] > 0
+  for s in sources.values():
+    assert s.get("generator") == "reasoning_gym" or (s["source_dir"] and s["rows"] >= s["used"])
+  return rows

@@ -9,33 +9,16 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
+from tiny_models import micro_config, random_params
 
 from es_jax import es, grpo_train, population, sharding
-from es_jax.models import ModelConfig, forward, param_shapes, positions_from_mask
+from es_jax.models import forward, positions_from_mask
 
-CONFIG = ModelConfig(
-  vocab_size=32,
-  hidden_size=16,
-  num_layers=2,
-  num_heads=2,
-  num_kv_heads=1,
-  intermediate_size=32,
-  max_position_embeddings=64,
-)
+CONFIG = micro_config()
 
 
 def _params(seed=0):
-  rng = np.random.RandomState(seed)
-
-  def build(tree):
-    return {
-      k: build(v)
-      if isinstance(v, dict)
-      else jnp.asarray(rng.randn(*v) / np.sqrt(v[-2] if len(v) > 1 else 1), jnp.float32)
-      for k, v in tree.items()
-    }
-
-  return build(param_shapes(CONFIG))
+  return random_params(CONFIG, seed, norms="scaled")
 
 
 def test_make_mesh_shapes_and_auto_axes():
@@ -166,7 +149,7 @@ def test_place_params_keeps_placed_leaves_and_local_rows():
 
 # The embedding and head (4100 x 16 = 65600 entries) span two noise blocks, the second one
 # shifted back: the update's flattened blocks and a shard's layout really differ.
-STEP_CONFIG = ModelConfig(
+STEP_CONFIG = micro_config(
   vocab_size=4100,
   hidden_size=16,
   num_layers=1,
@@ -179,20 +162,7 @@ N, SIGMA, ALPHA = 8, 0.1, 0.5
 
 
 def _step_params(config, seed=0):
-  rng = np.random.RandomState(seed)
-
-  def build(tree):
-    return {
-      k: build(v)
-      if isinstance(v, dict)
-      else jnp.asarray(
-        1.0 + 0.1 * rng.randn(*v) if k.endswith("norm") else rng.randn(*v) / np.sqrt(v[-2]),
-        jnp.float32,
-      )
-      for k, v in tree.items()
-    }
-
-  return build(param_shapes(config))
+  return random_params(config, seed)
 
 
 def _low_half(tokens, mask, vocab_size=CONFIG.vocab_size):

@@ -114,3 +114,46 @@ def padded_batch(seed: int = 0, batch: int = 3, length: int = 12, vocab: int = 2
     mask[b, : (b * 4) % length] = False
   ids[~mask] = 0
   return ids, mask
+
+
+def micro_config(**overrides):
+  """A micro `es_jax.models.ModelConfig` (Llama-like: 2 layers of width 16, vocab 32, GQA 2:1)
+  for tests that build params from shapes; `overrides` replace fields."""
+  from es_jax.models import ModelConfig
+
+  fields = dict(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
+                intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+  return ModelConfig(**{**fields, **overrides})
+
+
+def random_params(config, seed: int = 0, *, norms: str = "one", vectors: float | None = None,
+                  xp=None):  # fmt: skip
+  """Random params of `config`'s shapes, in numpy (no per-shape init compiles), one
+  `rng.randn` per leaf in `param_shapes` order.
+
+  Matrices: randn / sqrt(fan_in) (O(1) logits, so greedy tokens have no near-ties). norms: "one"
+  gives norm weights 1 + 0.1 randn, "scaled" treats them as vectors. vectors: the scale of other
+  1-D leaves and bias leaves ("b*"), None gives them randn (the matrix rule with fan-in 1).
+  xp: jax.numpy (default) or numpy, the array type returned (float32).
+  """
+  import jax.numpy as jnp
+
+  from es_jax.models import param_shapes
+
+  xp = jnp if xp is None else xp
+  rng = np.random.RandomState(seed)
+
+  def init(name, shape):
+    if norms == "one" and name.endswith("norm"):
+      return 1.0 + 0.1 * rng.randn(*shape)
+    if vectors is not None and (len(shape) == 1 or name.startswith("b")):
+      return vectors * rng.randn(*shape)
+    return rng.randn(*shape) / np.sqrt(shape[-2] if len(shape) > 1 else 1)
+
+  def build(tree):
+    return {
+      k: build(v) if isinstance(v, dict) else xp.asarray(init(k, v), xp.float32)
+      for k, v in tree.items()
+    }
+
+  return build(param_shapes(config))

@@ -1,0 +1,291 @@
+"""The experiment runners as processes (python -m experiments.main on the `:smoke` configs):
+exact resume after SIGKILL, SIGTERM through the CLI, corrupt-latest recovery, the workdir lock,
+config refusals. Split from runners_test.py so that pytest-xdist's two workers share the load."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+from run_configs import ROOT, assert_trained, checkpoint_params, smoke_config
+
+from es_jax.checkpoint import Checkpointer
+from experiments import es
+from experiments.configs import demo as demo_config
+from experiments.logger import read_metrics
+
+_config = smoke_config
+
+
+# --- subprocess runs: SIGKILL / SIGTERM / corrupt checkpoint ---
+
+
+def _command(workdir, *overrides):
+  return [
+    sys.executable,
+    "-m",
+    "experiments.main",
+    f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}:smoke",
+    f"--workdir={workdir}",
+    "--config.progress=False",
+    "--config.eval.every=0",
+    "--config.eval.final=False",
+    "--config.export_hf=False",
+    *overrides,
+  ]
+
+
+_COMPILE_CACHE = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compile_cache(tmp_path_factory):
+  """A persistent XLA compilation cache shared by this module's subprocess runs, which would
+  otherwise each compile the same programs (about 10 of a run's 25 s on two cores). It changes no
+  result: it holds the executables a run would have compiled."""
+  _COMPILE_CACHE["dir"] = str(tmp_path_factory.mktemp("jax_compile_cache"))
+  yield
+  _COMPILE_CACHE.clear()
+
+
+def _env():
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  env.pop("XLA_FLAGS", None)
+  if "dir" in _COMPILE_CACHE:
+    env.update(
+      JAX_COMPILATION_CACHE_DIR=_COMPILE_CACHE["dir"],
+      JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+      JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+  return env
+
+
+# Waits on subprocess runs: no fixed timeout (a loaded machine makes runs slow, not hung). A run
+# is killed as hung only when neither its output nor its workdir changed for STALL_S seconds,
+# times the load (os.getloadavg() per CPU, at least 1); HARD_LIMIT_S bounds a run that keeps
+# writing forever.
+STALL_S, HARD_LIMIT_S = 120.0, 3600.0
+
+
+def _load_factor() -> float:
+  try:
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+  except OSError:  # no load average on this platform
+    return 1.0
+
+
+def _progress(*paths) -> tuple:
+  """(newest mtime, file count, total size) under `paths`: changes while a run makes progress."""
+  newest, count, size = 0.0, 0, 0
+  for path in paths:
+    for root, _, files in os.walk(path) if os.path.isdir(path) else [("", (), (path,))]:
+      for f in files:
+        try:
+          st = os.stat(os.path.join(root, f))
+        except OSError:  # removed meanwhile (a checkpoint's temporary files)
+          continue
+        newest, count, size = max(newest, st.st_mtime), count + 1, size + st.st_size
+  return newest, count, size
+
+
+class _Proc:
+  """A `python -m experiments.main` subprocess, its stderr in a file, waited on with progress
+  checks (see STALL_S)."""
+
+  def __init__(self, workdir, *overrides):
+    self.workdir = workdir
+    parent = os.path.dirname(os.path.abspath(workdir))  # a test's tmp dir, not the workdir
+    self._log = tempfile.NamedTemporaryFile("w+", suffix=".stderr", dir=parent, delete=False)
+    self.proc = subprocess.Popen(
+      _command(workdir, *overrides),
+      cwd=ROOT,
+      env=_env(),
+      stdout=self._log,
+      stderr=self._log,
+      text=True,
+    )
+    self._t0 = self._seen = time.monotonic()
+    self._mark = None
+
+  @property
+  def pid(self):
+    return self.proc.pid
+
+  @property
+  def stderr(self) -> str:
+    with open(self._log.name) as f:
+      return f.read()
+
+  def alive(self, what="the run") -> bool:
+    """Whether it still runs; fails (after killing it) when it stopped progressing."""
+    if self.proc.poll() is not None:
+      return False
+    now, mark = time.monotonic(), _progress(self.workdir, self._log.name)
+    if mark != self._mark:
+      self._mark, self._seen = mark, now
+    stalled = now - self._seen > STALL_S * _load_factor()
+    if stalled or now - self._t0 > HARD_LIMIT_S:
+      self.proc.kill()
+      self.proc.wait()
+      reason = f"no progress for {now - self._seen:.0f} s" if stalled else "over the hard limit"
+      raise AssertionError(f"{what} in {self.workdir}: {reason}\n{self.stderr[-3000:]}")
+    return True
+
+  def wait(self) -> int:
+    while self.alive():
+      time.sleep(0.2)
+    return self.proc.returncode
+
+  def kill(self):
+    self.proc.kill()
+    self.proc.wait()
+
+
+def _run(workdir, *overrides):
+  run = _Proc(workdir, *overrides)
+  assert run.wait() == 0, run.stderr[-3000:]
+  return run
+
+
+def _start_and_signal(workdir, sig, *overrides, after_step=1):
+  """Starts a run, sends `sig` once checkpoint `after_step` is committed; returns the _Proc."""
+  run = _Proc(workdir, *overrides)
+  marker = os.path.join(workdir, "checkpoints", str(after_step), "commit_success.txt")
+  while not os.path.exists(marker):
+    if not run.alive(f"waiting for checkpoint {after_step}"):
+      raise AssertionError(f"run ended before step {after_step}: {run.stderr[-3000:]}")
+    time.sleep(0.05)
+  run.proc.send_signal(sig)
+  return run
+
+
+def test_second_run_on_a_workdir_in_use_is_refused(tmp_path):
+  workdir = str(tmp_path)
+  first = _Proc(workdir, "--config.method=es", "--config.es.num_steps=50")
+  try:
+    lock = os.path.join(workdir, "run.lock")
+    while not (os.path.exists(lock) and os.path.getsize(lock)):
+      assert first.alive("the first run, before locking"), "first run never locked"
+      time.sleep(0.05)
+    second = _Proc(workdir, "--config.method=es", "--config.es.num_steps=50")
+    assert second.wait() == 2  # a user error: one line, no traceback
+    assert "error:" in second.stderr and "Traceback" not in second.stderr
+    assert f"pid {first.pid} on host" in second.stderr
+    assert first.proc.poll() is None  # the first run goes on
+  finally:
+    first.kill()
+
+
+@pytest.fixture(scope="module")
+def es_reference(tmp_path_factory):
+  """An uninterrupted 4-step ES smoke run (subprocess) and its final params."""
+  workdir = str(tmp_path_factory.mktemp("es_reference"))
+  _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  assert_trained(workdir, params)  # so the resume tests compare weights that moved
+  return step, params, workdir
+
+
+def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
+  workdir = str(tmp_path)
+  proc = _start_and_signal(
+    workdir, signal.SIGKILL, "--config.method=es", "--config.es.num_steps=4", after_step=2
+  )
+  assert proc.wait() == -signal.SIGKILL
+  _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  ref_step, ref, _ = es_reference
+  assert step == ref_step == 4
+  for k in ref:
+    np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
+  steps = [r["step"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
+  assert steps == [1, 2, 3, 4]  # no line lost or repeated by the kill
+
+
+def test_es_corrupt_latest_checkpoint_resumes_from_previous(tmp_path, es_reference):
+  workdir = str(tmp_path / "run")
+  shutil.copytree(es_reference[2], workdir)  # a finished 4-step run
+  latest = os.path.join(workdir, "checkpoints", "4", "state")
+  victim = max(
+    (os.path.join(r, f) for r, _, fs in os.walk(latest) for f in fs), key=os.path.getsize
+  )
+  with open(victim, "r+b") as f:
+    f.truncate(os.path.getsize(victim) // 2)
+  os.remove(os.path.join(workdir, "DONE"))
+  out = _run(workdir, "--config.method=es", "--config.es.num_steps=4")
+  assert "CorruptCheckpointWarning" in out.stderr and "checkpoints/4" in out.stderr
+  step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  assert step == 4
+  for k in es_reference[1]:
+    np.testing.assert_array_equal(params[k], es_reference[1][k], err_msg=k)
+
+
+def test_grpo_sigkill_resume_matches(tmp_path):
+  overrides = ("--config.method=grpo", "--config.grpo.num_steps=2")
+  ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
+  _run(ref_dir, *overrides)
+  proc = _start_and_signal(workdir, signal.SIGKILL, *overrides, after_step=1)
+  proc.wait()
+  _run(workdir, *overrides)
+  _, ref = checkpoint_params(os.path.join(ref_dir, "checkpoints"))
+  step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  assert step == 2
+  assert_trained(ref_dir, ref)
+  for k in ref:
+    np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
+
+
+def test_sigterm_saves_and_exits_zero(tmp_path):
+  workdir = str(tmp_path)
+  proc = _start_and_signal(
+    workdir,
+    signal.SIGTERM,
+    "--config.method=es",
+    "--config.es.num_steps=50",
+    "--config.checkpoint.every=10",
+    after_step=1,
+  )
+  assert proc.wait() == 0, proc.stderr[-3000:]
+  steps = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False).all_steps()
+  assert max(steps) > 1 and max(steps) < 50  # a checkpoint of the step it stopped after
+  assert not os.path.exists(os.path.join(workdir, "DONE"))
+
+
+def test_main_refuses_unknown_key_and_bad_value(tmp_path):
+  for override, name in (
+    ("--config.es.populaton_size=8", "populaton_size"),
+    ("--config.es.sigma=abc", "sigma"),
+  ):
+    out = _Proc(str(tmp_path), override)
+    assert out.wait() != 0 and name in out.stderr, out.stderr[-2000:]
+
+
+def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
+  config = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False)
+  es.run(config, str(tmp_path))
+  other = _config(
+    demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, seed=1
+  )
+  with pytest.raises(ValueError, match="config.seed=1"):
+    es.run(other, str(tmp_path))
+  sigma = _config(
+    demo_config,
+    method="es",
+    eval__every=0,
+    eval__final=False,
+    export_hf=False,
+    es__sigma=0.5,
+    es__num_steps=5,
+  )
+  with pytest.raises(ValueError, match=r"es\.sigma \(0\.001 in the checkpoint, 0\.5 now\)"):
+    es.run(sigma, str(tmp_path))
+  longer = _config(
+    demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, es__num_steps=4
+  )  # a larger budget continues the run
+  es.run(longer, str(tmp_path))
+  assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
