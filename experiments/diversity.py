@@ -158,6 +158,13 @@ class Study:
     self.chunk = int(es.members_per_chunk) if self.members % int(es.members_per_chunk) == 0 else 1
     self.rank = int(es.rank) or None
     self.antithetic, self.low_rank_vectors = bool(es.antithetic), es.low_rank_vectors
+    try:  # the sampled population's noise (its log-likelihoods use the same fields)
+      self.spec = noise.NoiseSpec(
+        self.members, antithetic=self.antithetic, rank=self.rank,
+        low_rank_vectors=self.low_rank_vectors,
+      )  # fmt: skip
+    except ValueError as e:
+      raise ValueError(f"config.diversity (population of es + diversity): {e}") from None
     self.source, self.config = source, config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
     self.max_new_tokens = train_lib.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
@@ -190,13 +197,9 @@ class Study:
       jnp.float32(self.temperature),
       jnp.float32(1.0),
       config=src["model_config"],
-      population_size=self.members,
+      spec=self.spec,
       members_per_chunk=self.chunk,
       mesh=None,
-      antithetic=self.antithetic,
-      rank=self.rank,
-      low_rank_vectors=self.low_rank_vectors,
-      precision="fp32",
       max_new_tokens=self.max_new_tokens,
       eos_ids=self.eos_ids,
       pad_id=self.pad_id,
