@@ -39,6 +39,7 @@ from es_jax.models import (
 )
 from es_jax.noise import (
   LowRankNoise,
+  NoiseSpec,
   materialize,
   member_key,
   member_noise,

@@ -5,8 +5,8 @@ regenerated from keys (``es_jax.noise``) rather than stored::
 
   θ ← θ + (α / N) Σ_i w_i ε_i,      w = shaping(R),  ε_i the noise of member i
 
-``es_gradient(...).update`` returns ``-(1/N) Σ_i w_i ε_i`` (optax updates are added, and
-``optax.sgd`` negates), so ``optax.chain(es_gradient(...), optax.sgd(alpha))`` is exactly the step
+``es_gradient(spec).update`` returns ``-(1/N) Σ_i w_i ε_i`` (optax updates are added, and
+``optax.sgd`` negates), so ``optax.chain(es_gradient(spec), optax.sgd(alpha))`` is exactly the step
 above and any optax optimiser (adam, schedules, clipping) can follow it. As in the paper, 1/σ is
 folded into the learning rate: ``α`` plays the role of ``α_textbook / σ``.
 """
@@ -205,13 +205,10 @@ def shape_fitness(
 
 
 def es_gradient(
-  population_size: int,
-  sigma: float,
+  spec: noise_lib.NoiseSpec,
+  /,
   *,
   shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
-  antithetic: bool = False,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
   sharded: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
   """ES search direction as an optax transform (docs/method.md §1-2).
@@ -220,37 +217,34 @@ def es_gradient(
 
       u = -(1/N) Σ_i w_i ε_i,      w = shaping(fitness),
 
-  with ``ε_i = noise.member_noise(params, key, i, antithetic=..., rank=...)`` (for low rank the
+  with ``ε_i = noise.member_noise(params, key, i, ...)`` under ``spec`` (for low rank the
   materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated
-  with. Chained with ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the
-  paper's update with 1/σ folded into ``α``. Updates are float32 whatever the params' dtype;
-  ``optax.apply_updates`` adds them and rounds once to the weight dtype. Non-finite fitness ranks
-  worst (``es_jax.fitness``); non-finite weights from a custom shaping are zeroed, so NaN never
-  reaches the parameters.
+  with. Pass the ``spec`` the population was evaluated with (``population.evaluate(spec=)``):
+  that one value is what makes evaluation and update see the same noise. Chained with
+  ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the paper's update with
+  1/σ folded into ``α``. Updates are float32 whatever the params' dtype (and whatever
+  ``spec.precision``, which is the members' arithmetic); ``optax.apply_updates`` adds them and
+  rounds once to the weight dtype. Non-finite fitness ranks worst (``es_jax.fitness``); non-finite
+  weights from a custom shaping are zeroed, so NaN never reaches the parameters.
+
+  There is no ``sigma`` argument: the update does not use σ (the paper folds 1/σ into α, so the
+  learning rate carries it). σ is validated where it is used, by ``population.evaluate``.
 
   Args:
-    population_size: ``N`` (static).
-    sigma: noise scale σ the population was evaluated with. It is not divided here (the paper
-      folds 1/σ into α); it is only validated (> 0) so a bad σ fails early.
+    spec: the population's ``noise.NoiseSpec`` (size ``N``, antithetic, rank, low-rank vectors;
+      validated on construction). Positional only.
     shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` or
       ``"coverage"`` (fitness ``[N, P]``), or a callable ``fitness -> [N] weights``.
-    antithetic: members ``2j``, ``2j + 1`` use ``+ε_j`` and ``-ε_j`` (N must be even).
-    rank: None (full rank) or the EGGROLL rank ``r``.
-    low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
-      false) in low rank.
     sharded: params split over a mesh axis; see ``es_update_direction`` (the same update).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.
+
+  Raises:
+    TypeError: ``spec`` is not a ``NoiseSpec`` (the pre-spec ``es_gradient(N, sigma, ...)``).
   """
-  _validate_population(population_size, antithetic)
-  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  try:
-    sigma_value = float(sigma)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    sigma_value = None  # traced, or a schedule: nothing to check here
-  if sigma_value is not None and not sigma_value > 0:
-    raise ValueError(f"sigma={sigma!r} must be > 0 (the noise scale used for evaluation).")
+  spec = noise_lib.as_noise_spec(spec, "es_gradient")
+  population_size = spec.population_size
   validate_shaping(shaping)
 
   def init_fn(params):
@@ -267,9 +261,9 @@ def es_gradient(
       w,
       key,
       population_size=population_size,
-      antithetic=antithetic,
-      rank=rank,
-      low_rank_vectors=low_rank_vectors,
+      antithetic=spec.antithetic,
+      rank=spec.rank,
+      low_rank_vectors=spec.low_rank_vectors,
       sharded=sharded,
     )
     return jax.tree.map(jnp.negative, direction), ESState(count=state.count + 1)

@@ -47,6 +47,7 @@ Bit-identical regeneration holds between a Python loop, ``lax.scan``/``fori_loop
 members for the default threefry PRNG; other PRNG implementations (``rbg``) may differ under vmap.
 """
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -57,6 +58,9 @@ import numpy as np
 from jax.extend.random import threefry2x32_p
 
 PRECISIONS = ("fp32", "bf16_faithful")
+# Member arithmetic a NoiseSpec may ask for: PRECISIONS, or "reference" (members perturbed as
+# es_jax.reference_arithmetic.perturb does; population evaluation only, full rank, no antithetic).
+SPEC_PRECISIONS = (*PRECISIONS, "reference")
 # Entries per full-rank noise block (part of the noise definition: changing it changes the noise).
 # 2^16 float32 = 256 KiB: the generator's working set stays in cache on CPU, and a 135M-parameter
 # model is ~2k blocks, few enough loop steps for an accelerator.
@@ -120,6 +124,69 @@ def validate_precision(precision: str) -> None:
   """Raises ValueError for a ``precision`` not in ``PRECISIONS``."""
   if precision not in PRECISIONS:
     raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class NoiseSpec:
+  """The noise of one ES population, shared by its evaluation and its update.
+
+  ``population.evaluate`` (and ``population.population_completions``) draw member ``i``'s noise
+  from it and ``es.es_gradient`` regenerates the same noise from it, so building one spec and
+  passing it to both is what keeps evaluation and update in agreement. Frozen and hashable: a
+  static argument of jitted code. Validated once, on construction; errors name the field.
+
+  Args:
+    population_size: ``N``, a positive Python int (static).
+    antithetic: members ``2j``, ``2j + 1`` use ``+ε_j`` and ``-ε_j`` (``N`` must be even).
+    rank: None (full rank) or the EGGROLL rank ``r >= 1``.
+    low_rank_vectors: ``"full"`` or ``"frozen"`` (zeros) noise for vector leaves
+      (``is_matrix_leaf`` false) in low rank.
+    precision: the member arithmetic of evaluation: ``"fp32"``, ``"bf16_faithful"`` (full rank
+      only; see ``apply_noise``) or ``"reference"`` (``es_jax.reference_arithmetic.perturb``;
+      full rank, not antithetic). The update's direction is float32 whatever it is.
+
+  Raises:
+    ValueError: for a bad field or combination, naming the field(s).
+  """
+
+  population_size: int
+  antithetic: bool = False
+  rank: int | None = None
+  low_rank_vectors: str = "full"
+  precision: str = "fp32"
+
+  def __post_init__(self):
+    n = self.population_size
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      raise ValueError(f"population_size={n!r} must be a positive Python int (it is static).")
+    if not isinstance(self.antithetic, bool):
+      raise ValueError(f"antithetic={self.antithetic!r} must be a bool.")
+    if self.antithetic and n % 2:
+      raise ValueError(
+        f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
+        "use an even population size."
+      )
+    validate_noise_options(rank=self.rank, low_rank_vectors=self.low_rank_vectors)
+    precision = self.precision
+    if precision not in SPEC_PRECISIONS:
+      raise ValueError(f"precision={precision!r} is invalid: use one of {SPEC_PRECISIONS}.")
+    if precision == "reference" and self.antithetic:
+      raise ValueError("precision='reference' draws one noise per member: use antithetic=False.")
+    if self.rank is not None and precision != "fp32":
+      raise ValueError(
+        f"precision={precision!r} needs materialised weights; low-rank members "
+        f"(rank={self.rank}) go through the model hook: use precision='fp32' or rank=None."
+      )
+
+
+def as_noise_spec(spec: Any, where: str) -> NoiseSpec:
+  """``spec`` if it is a ``NoiseSpec``; else a TypeError saying ``where`` needs one."""
+  if not isinstance(spec, NoiseSpec):
+    raise TypeError(
+      f"{where} takes a noise.NoiseSpec(population_size, antithetic=, rank=, low_rank_vectors=, "
+      f"precision=), got {spec!r}."
+    )
+  return spec
 
 
 def member_key(step_key: jax.Array, i: int | jax.Array) -> jax.Array:

@@ -125,8 +125,8 @@ def low_rank_member(
   jax.jit,
   # Static: they decide shapes, the noise structure, the sharding and the compiled program.
   static_argnames=tuple(
-    "config population_size members_per_chunk mesh antithetic rank low_rank_vectors precision "
-    "max_new_tokens eos_ids pad_id use_top_p share_sample_key unroll_layers".split()
+    "config spec members_per_chunk mesh max_new_tokens eos_ids pad_id use_top_p share_sample_key "
+    "unroll_layers".split()
   ),
 )
 def population_completions(
@@ -140,13 +140,9 @@ def population_completions(
   top_p: jax.Array,
   *,
   config: ModelConfig,
-  population_size: int,
+  spec: noise_lib.NoiseSpec,
   members_per_chunk: int,
   mesh: Mesh | None,
-  antithetic: bool,
-  rank: int | None,
-  low_rank_vectors: str,
-  precision: str,
   max_new_tokens: int,
   eos_ids: tuple[int, ...],
   pad_id: int,
@@ -156,13 +152,16 @@ def population_completions(
 ) -> sampling.Completions:
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
-  See ``evaluate`` for the arguments; inputs are not validated here. ``unroll_layers``: decode
+  See ``evaluate`` for the arguments; inputs are not validated here (``spec`` validated itself
+  on construction; it is a static argument, hashable). ``unroll_layers``: decode
   over per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
   (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
   gets the TPU layout.
   """
+  spec = noise_lib.as_noise_spec(spec, "population_completions")
+  antithetic, rank, precision = spec.antithetic, spec.rank, spec.precision
   n_dev = 1 if mesh is None else mesh.shape["pop"]
-  n_local = population_size // n_dev
+  n_local = spec.population_size // n_dev
   # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
   model_sharded = mesh is not None and mesh.shape["model"] > 1
   generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
@@ -204,7 +203,7 @@ def population_completions(
         sigma,
         rank=rank,
         antithetic=antithetic,
-        low_rank_vectors=low_rank_vectors,
+        low_rank_vectors=spec.low_rank_vectors,
       )
       return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
 
@@ -286,15 +285,11 @@ def evaluate(
   config: ModelConfig,
   step_key: jax.Array,
   sigma: float | jax.Array,
-  population_size: int,
+  spec: noise_lib.NoiseSpec,
   score_fn: ScoreFn,
   max_new_tokens: int,
   mesh: Mesh | None = None,
   members_per_chunk: int = 1,
-  antithetic: bool = False,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
-  precision: str = "fp32",
   temperature: float = 0.0,
   top_p: float | None = None,
   eos_ids: Sequence[int] = (),
@@ -305,9 +300,9 @@ def evaluate(
   """Fitness of the ES population ``θ + σ ε_i``, ``i < N``, on one batch of prompts.
 
   ``R_i = (1/P) Σ_p score_fn(tokens_i, mask_i)[p]``; rewards are maximised, and ``R`` feeds
-  ``es_gradient(...).update(..., fitness=R, key=step_key)`` with the same ``step_key``,
-  ``population_size``, ``antithetic``, ``rank`` and ``low_rank_vectors`` (or
-  ``stats.rewards`` with ``shaping="per_prompt_zscore"``).
+  ``es_gradient(spec).update(..., fitness=R, key=step_key)`` with the same ``spec`` and
+  ``step_key`` (or ``stats.rewards`` with ``shaping="per_prompt_zscore"``): one ``NoiseSpec``
+  passed to both is what makes the update regenerate the noise the members were evaluated with.
 
   Args:
     params: base parameters θ (``es_jax.models.params(model)``).
@@ -317,8 +312,15 @@ def evaluate(
     config: the model's config.
     step_key: key of this ES step; member ``i``'s noise is ``noise.member_noise(params, step_key,
       i, ...)``.
-    sigma: noise scale σ (traced: changing it does not recompile).
-    population_size: ``N``; divisible by the ``'pop'`` axis size times ``members_per_chunk``.
+    sigma: noise scale σ (traced: changing it does not recompile); validated > 0 here.
+    spec: the population's ``noise.NoiseSpec``: ``population_size`` ``N`` (divisible by the
+      ``'pop'`` axis size times ``members_per_chunk``), ``antithetic`` (members ``2j``,
+      ``2j + 1`` use ``±ε_j``), ``rank`` (None for full rank, or the EGGROLL rank ``r``: the
+      low-rank hook, see module docstring), ``low_rank_vectors`` (``"full"`` or ``"frozen"``
+      noise for vector leaves in low rank: norms and biases, stacked ones included,
+      ``noise.is_matrix_leaf``) and ``precision`` (``"fp32"`` or ``"bf16_faithful"``, full rank
+      only, see ``noise.apply_noise``; or ``"reference"``: members perturbed as
+      ``es_jax.reference_arithmetic.perturb`` does).
     score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,
       called once per member (decode with a tokenizer and score with a verifier there).
     max_new_tokens: decode budget ``T``.
@@ -326,12 +328,6 @@ def evaluate(
       everything on the default device.
     members_per_chunk: members vmapped together on a device (``M``); each device loops over its
       ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
-    antithetic: members ``2j``, ``2j + 1`` use ``±ε_j``.
-    rank: None (full rank) or the EGGROLL rank ``r`` (low-rank hook, see module docstring).
-    low_rank_vectors: ``"full"`` or ``"frozen"`` noise for vector leaves in low rank (norms and
-      biases, stacked ones included: ``noise.is_matrix_leaf``).
-    precision: ``"fp32"`` or ``"bf16_faithful"`` (full rank only; see ``noise.apply_noise``), or
-      ``"reference"``: members perturbed as ``es_jax.reference_arithmetic.perturb`` does.
     temperature: 0 for greedy fitness (the paper's Easy setting).
     top_p: nucleus mass, or None.
     eos_ids: tokens that end a completion.
@@ -344,15 +340,16 @@ def evaluate(
   Returns:
     ``(fitness [N] float32, PopulationStats)``. NaN rewards give NaN fitness, which
     ``es_jax.fitness`` ranks worst.
+
+  Raises:
+    TypeError: ``spec`` is not a ``NoiseSpec`` (the five noise settings are no longer keyword
+      arguments of their own).
   """
-  for name, v in (("population_size", population_size), ("members_per_chunk", members_per_chunk)):
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      raise ValueError(f"{name}={v!r} must be a positive Python int (it is static).")
-  if antithetic and population_size % 2:
-    raise ValueError(
-      f"population_size={population_size} is odd but antithetic=True pairs members (2j, 2j+1): "
-      "use an even population size."
-    )
+  spec = noise_lib.as_noise_spec(spec, "population.evaluate")
+  population_size = spec.population_size
+  v = members_per_chunk
+  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    raise ValueError(f"members_per_chunk={v!r} must be a positive Python int (it is static).")
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   if population_size % (n_dev * members_per_chunk):
     raise ValueError(
@@ -366,16 +363,6 @@ def evaluate(
     sigma_value = None
   if sigma_value is not None and not sigma_value > 0:
     raise ValueError(f"sigma={sigma!r} must be > 0.")
-  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  if precision != "reference":  # reference: es_jax.reference_arithmetic's member arithmetic
-    noise_lib.validate_precision(precision)
-  if precision == "reference" and antithetic:
-    raise ValueError("precision='reference' draws one noise per member: use antithetic=False.")
-  if rank is not None and precision != "fp32":
-    raise ValueError(
-      f"precision={precision!r} needs materialised weights; low-rank members (rank={rank}) go "
-      "through the model hook: use precision='fp32' or rank=None."
-    )
   if float(temperature) > 0 and sample_key is None:
     raise ValueError(f"temperature={temperature} samples tokens: pass sample_key=.")
   if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
@@ -401,13 +388,9 @@ def evaluate(
     jnp.asarray(temperature, jnp.float32),
     jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
     config=config,
-    population_size=population_size,
+    spec=spec,
     members_per_chunk=members_per_chunk,
     mesh=mesh,
-    antithetic=antithetic,
-    rank=rank,
-    low_rank_vectors=low_rank_vectors,
-    precision=precision,
     max_new_tokens=int(max_new_tokens),
     eos_ids=tuple(int(e) for e in eos_ids),
     pad_id=int(pad_id),

@@ -190,6 +190,13 @@ class Study:
     self.chunk = chunk if self.members % (pop * chunk) == 0 else 1
     self.rank = int(es.rank) or None
     self.antithetic, self.low_rank_vectors = bool(es.antithetic), es.low_rank_vectors
+    try:  # the sampled population's noise (its log-likelihoods use the same fields)
+      self.spec = noise.NoiseSpec(
+        self.members, antithetic=self.antithetic, rank=self.rank,
+        low_rank_vectors=self.low_rank_vectors,
+      )  # fmt: skip
+    except ValueError as e:
+      raise ValueError(f"config.diversity (population of es + diversity): {e}") from None
     self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
     self.config = config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
@@ -223,13 +230,9 @@ class Study:
       jnp.float32(self.temperature),
       jnp.float32(1.0),
       config=src["model_config"],
-      population_size=self.members,
+      spec=self.spec,
       members_per_chunk=self.chunk,
       mesh=self.mesh,
-      antithetic=self.antithetic,
-      rank=self.rank,
-      low_rank_vectors=self.low_rank_vectors,
-      precision="fp32",
       max_new_tokens=self.max_new_tokens,
       eos_ids=self.eos_ids,
       pad_id=self.pad_id,

@@ -7,8 +7,11 @@ HF export.
 
 One step (global step g = stage offset + local step s):
   step_key = fold_in(keys["noise"], g)                   # member i: fold_in(step_key, i)
-  fitness, stats = es_jax.population.evaluate(θ, prompts(g), step_key=step_key, ...)
-  θ, opt_state = optax.chain(es_gradient(...), sgd(α) | adam(α)) applied with the same step_key
+  fitness, stats = es_jax.population.evaluate(θ, prompts(g), step_key=step_key, spec=spec, ...)
+  θ, opt_state = optax.chain(es_gradient(spec), sgd(α) | adam(α)) applied with the same step_key
+
+``spec = noise_spec(config.es)`` is built once per stage and given to both, so the evaluation and
+the update cannot disagree on the noise.
 
 Resume is exact: the state (params, optimizer state) is checkpointed after the step, and every
 input of step g is a function of (seed, g), so a restarted run retraces the uninterrupted one bit
@@ -29,7 +32,7 @@ import optax
 
 from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
-from es_jax import metrics, models, population, reference_arithmetic, sharding
+from es_jax import metrics, models, noise, population, reference_arithmetic, sharding
 from es_jax.rewards import failure_metrics
 from experiments import train_lib
 
@@ -38,27 +41,51 @@ PRECISIONS = ("fp32", "bf16", "bf16_faithful", "reference")
 log = logging.getLogger(__name__)
 
 
+def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
+  """The population's ``noise.NoiseSpec`` from ``config.es``, for evaluation and update alike.
+
+  Args:
+    cfg: ``config.es``: ``population_size``, ``antithetic``, ``rank`` (0 = full rank),
+      ``low_rank_vectors`` and ``precision`` (absent = "fp32"; "bf16" is "fp32" arithmetic on
+      weights already in the model's dtype).
+
+  Returns:
+    The validated spec; a bad field raises ValueError prefixed ``config.es:``.
+  """
+  precision = cfg.get("precision", "fp32")
+  try:
+    return noise.NoiseSpec(
+      int(cfg.population_size),
+      antithetic=bool(cfg.antithetic),
+      rank=int(cfg.rank) or None,
+      low_rank_vectors=cfg.low_rank_vectors,
+      precision="fp32" if precision == "bf16" else precision,
+    )
+  except ValueError as e:
+    raise ValueError(f"config.es: {e}") from None
+
+
 def make_optimizer(
-  cfg: ml_collections.ConfigDict, *, sharded: bool = False
+  cfg: ml_collections.ConfigDict,
+  *,
+  sharded: bool = False,
+  spec: noise.NoiseSpec | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names.
 
-  ``sharded``: the weights are split over the mesh's 'model' axis (``es_gradient(sharded=)``).
+  Args:
+    cfg: ``config.es``.
+    sharded: the weights are split over the mesh's 'model' axis (``es_gradient(sharded=)``).
+    spec: the population's noise spec, the one its evaluation uses; None builds
+      ``noise_spec(cfg)``.
   """
   train_lib.check(cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}")
   train_lib.positive_finite(cfg.learning_rate, "es.learning_rate")
   train_lib.positive_finite(cfg.sigma, "es.sigma")
   train_lib.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
+  spec = noise_spec(cfg) if spec is None else spec
   try:
-    grad = es_lib.es_gradient(
-      int(cfg.population_size),
-      float(cfg.sigma),
-      shaping=cfg.shaping,
-      antithetic=bool(cfg.antithetic),
-      rank=int(cfg.rank) or None,
-      low_rank_vectors=cfg.low_rank_vectors,
-      sharded=sharded,
-    )
+    grad = es_lib.es_gradient(spec, shaping=cfg.shaping, sharded=sharded)
   except ValueError as e:
     raise ValueError(f"config.es: {e}") from None
   step = optax.sgd if cfg.optimizer == "sgd" else optax.adam
@@ -112,8 +139,8 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
 def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
-  optimizer = make_optimizer(cfg, sharded=ctx.mesh.shape["model"] > 1)
-  rank = int(cfg.rank) or None
+  spec = noise_spec(cfg)  # one spec for the evaluation and the update
+  optimizer = make_optimizer(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
   # Placed once (large matrices split over 'model' when it is > 1): the update keeps the layout.
@@ -139,16 +166,11 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
         config=ctx.model_config,
         step_key=step_key,
         sigma=float(cfg.sigma),
-        population_size=int(cfg.population_size),
+        spec=spec,
         score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
         max_new_tokens=int(cfg.max_new_tokens),
         mesh=ctx.mesh,
         members_per_chunk=int(cfg.members_per_chunk),
-        antithetic=bool(cfg.antithetic),
-        rank=rank,
-        low_rank_vectors=cfg.low_rank_vectors,
-        # "bf16" is "fp32" arithmetic on weights already in the model's dtype.
-        precision="fp32" if cfg.precision == "bf16" else cfg.precision,
         temperature=float(cfg.temperature),
         top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
         eos_ids=ctx.eos_ids,

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from es_jax import memory_plan, models, population, sampling
+from es_jax import memory_plan, models, noise, population, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models import hf as hf_lib
 
@@ -296,9 +296,13 @@ class Setup:
     rank = int(c.rank) or None
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
+    # experiments.es.noise_spec's spec ("bf16" is "fp32" arithmetic on bf16 weights).
+    spec = noise.NoiseSpec(
+      n, antithetic=bool(c.antithetic), rank=rank, low_rank_vectors=c.low_rank_vectors,
+      precision="fp32" if c.precision == "bf16" else c.precision,
+    )  # fmt: skip
     kw = dict(
-      config=cfg, population_size=n, members_per_chunk=m, mesh=mesh, antithetic=bool(c.antithetic),
-      rank=rank, low_rank_vectors=c.low_rank_vectors, precision=c.precision, max_new_tokens=T,
+      config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, max_new_tokens=T,
       eos_ids=(cfg.vocab_size - 1,), pad_id=0, use_top_p=float(c.top_p) < 1.0,
       share_sample_key=False,
     )  # fmt: skip

@@ -100,7 +100,7 @@ def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():
   from es_jax import noise
 
   n, sigma = 8, 0.1
-  opt = optax.chain(es_lib.es_gradient(n, sigma, shaping="coverage"), optax.sgd(0.05))
+  opt = optax.chain(es_lib.es_gradient(noise.NoiseSpec(n), shaping="coverage"), optax.sgd(0.05))
 
   @jax.jit
   def step(params, state, key):

@@ -135,7 +135,7 @@ def test_memory_is_not_population_times_params(key):
 def test_chain_with_sgd_is_the_paper_step_and_jit_does_not_retrace(key):
   params = _params()
   alpha = 0.5
-  opt = optax.chain(es.es_gradient(N, SIGMA), optax.sgd(alpha))
+  opt = optax.chain(es.es_gradient(noise.NoiseSpec(N)), optax.sgd(alpha))
   traces = []
 
   @jax.jit
@@ -201,7 +201,7 @@ def test_cosine_with_true_gradient(key):
   @jax.jit
   def estimate(params, key):
     r = jax.vmap(lambda i: f(noise.perturb_member(params, key, i, sigma)["theta"]))(jnp.arange(pop))
-    tx = es.es_gradient(pop, sigma)
+    tx = es.es_gradient(noise.NoiseSpec(pop))
     return tx.update(None, tx.init(params), params, fitness=r, key=key)[0]["theta"]
 
   g_es = -estimate(params, key)  # ascent direction
@@ -226,7 +226,7 @@ def _optimise(problem, *, optimiser):
   """1000 ES steps from θ = 0 (N = 16, σ = 0.02); returns f per step. ``problem`` is traced
   (lax.switch) so one compile serves both objectives."""
   pop, sigma = 16, 0.02
-  tx = optax.chain(es.es_gradient(pop, sigma), optimiser(0.02))
+  tx = optax.chain(es.es_gradient(noise.NoiseSpec(pop)), optimiser(0.02))
 
   def f(theta):
     return jax.lax.switch(problem, [_quadratic, _rosenbrock], theta)
@@ -260,25 +260,27 @@ def test_sgd_and_adam_drive_f_up(optimiser):
 def test_bad_inputs_name_the_value(key):
   params = _params()
   with pytest.raises(ValueError, match=r"population_size=7 is odd"):
-    es.es_gradient(7, SIGMA, antithetic=True)
-  with pytest.raises(ValueError, match=r"sigma=0.0 must be > 0"):
-    es.es_gradient(N, 0.0)
-  with pytest.raises(ValueError, match=r"sigma=-1 must be > 0"):
-    es.es_gradient(N, -1)
-  with pytest.raises(ValueError, match=r"sigma=nan must be > 0"):
-    es.es_gradient(N, float("nan"))
+    es.es_gradient(noise.NoiseSpec(7, antithetic=True))
+  # No sigma any more (the update does not use σ; population.evaluate validates it, see
+  # population_test): the pre-spec calls fail loudly.
+  with pytest.raises(TypeError, match="NoiseSpec"):
+    es.es_gradient(N)
+  with pytest.raises(TypeError):
+    es.es_gradient(noise.NoiseSpec(N), SIGMA)
+  with pytest.raises(TypeError, match="antithetic"):
+    es.es_gradient(noise.NoiseSpec(N), antithetic=True)
   with pytest.raises(ValueError, match=r"shaping='rank' is unknown"):
-    es.es_gradient(N, SIGMA, shaping="rank")
+    es.es_gradient(noise.NoiseSpec(N), shaping="rank")
   with pytest.raises(ValueError, match=r"population_size=0"):
-    es.es_gradient(0, SIGMA)
+    es.es_gradient(noise.NoiseSpec(0))
   with pytest.raises(ValueError, match=r"rank=0"):
-    es.es_gradient(N, SIGMA, rank=0)
-  tx = es.es_gradient(N, SIGMA)
+    es.es_gradient(noise.NoiseSpec(N, rank=0))
+  tx = es.es_gradient(noise.NoiseSpec(N))
   with pytest.raises(ValueError, match=r"fitness has shape \(7,\), expected \(8,\)"):
     tx.update(None, tx.init(params), params, fitness=jnp.zeros((7,)), key=key)
   with pytest.raises(ValueError, match=r"needs params"):
     tx.update(None, tx.init(params), None, fitness=jnp.zeros((N,)), key=key)
-  tx = es.es_gradient(N, SIGMA, shaping="per_prompt_zscore")
+  tx = es.es_gradient(noise.NoiseSpec(N), shaping="per_prompt_zscore")
   with pytest.raises(ValueError, match=r"fitness has shape \(8,\), expected \(8, P\)"):
     tx.update(None, tx.init(params), params, fitness=jnp.zeros((N,)), key=key)
   with pytest.raises(ValueError, match=r"returned shape \(\), expected \(8,\)"):
@@ -322,3 +324,47 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   w32 = np.asarray(got["fp32"]["w"])
   assert np.mean(w32 != np.asarray(got["bf16"]["w"], np.float32)) > 0.5
   assert np.mean(np.asarray(got["bf16"]["w"]) == w16) > 0.01
+
+
+def test_noise_spec_is_frozen_hashable_and_validated_with_field_names():
+  import dataclasses
+
+  spec = noise.NoiseSpec(N, antithetic=True, rank=2, low_rank_vectors="frozen")
+  assert spec == noise.NoiseSpec(N, True, 2, "frozen", "fp32")
+  assert hash(spec) == hash(noise.NoiseSpec(N, True, 2, "frozen"))
+  assert len({spec, noise.NoiseSpec(N, True, 2, "frozen"), noise.NoiseSpec(N)}) == 2
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    spec.rank = 4
+  for kwargs, field in [
+    (dict(population_size=0), r"population_size=0"),
+    (dict(population_size=True), r"population_size=True"),
+    (dict(population_size=8.0), r"population_size=8.0"),
+    (dict(population_size=7, antithetic=True), r"population_size=7 is odd"),
+    (dict(population_size=N, antithetic=1), r"antithetic=1"),
+    (dict(population_size=N, rank=0), r"rank=0"),
+    (dict(population_size=N, rank=2.0), r"rank=2.0"),
+    (dict(population_size=N, rank=2, low_rank_vectors="zero"), r"low_rank_vectors='zero'"),
+    (dict(population_size=N, precision="bf16"), r"precision='bf16'"),
+    (dict(population_size=N, rank=2, precision="bf16_faithful"), r"precision='bf16_faithful'"),
+    (dict(population_size=N, antithetic=True, precision="reference"), r"precision='reference'"),
+  ]:
+    with pytest.raises(ValueError, match=field):
+      noise.NoiseSpec(**kwargs)
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: f"anti{kw['antithetic']}-rank{kw['rank']}")
+def test_one_spec_evaluation_and_update_agree(key, kw):
+  # Members perturbed under a spec (as population.evaluate draws them) and es_gradient(spec)'s
+  # update: with all weight on member i the update is -σ⁻¹ (θ_i - θ), member i's own noise.
+  spec = noise.NoiseSpec(N, **kw)
+  params = {"b": jnp.zeros((6,)), "w": jnp.zeros((3, 5, 4))}
+  tx = es.es_gradient(spec, shaping=lambda r: r)
+  for i in (0, 5):
+    member = noise.perturb_member(
+      params, key, i, SIGMA, antithetic=spec.antithetic, rank=spec.rank,
+      low_rank_vectors=spec.low_rank_vectors, precision=spec.precision,
+    )  # fmt: skip
+    onehot = jnp.zeros((N,)).at[i].set(N)
+    updates, _ = tx.update(None, tx.init(params), params, fitness=onehot, key=key)
+    for u, m in zip(jax.tree.leaves(updates), jax.tree.leaves(member), strict=True):
+      np.testing.assert_allclose(-u, np.asarray(m) / SIGMA, rtol=1e-5, atol=1e-5)

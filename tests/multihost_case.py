@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, population, sharding
+from es_jax import es, grpo_train, noise, population, sharding
 
 CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5
@@ -45,11 +45,12 @@ def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
     calls.append(len(calls))
     return low_half(tokens, mask)
 
+  spec = noise.NoiseSpec(N)
   fitness, stats = population.evaluate(
     p, ids, np.ones_like(ids, bool), config=CONFIG, step_key=step_key, sigma=SIGMA,
-    population_size=N, score_fn=score, max_new_tokens=3, mesh=mesh,
+    spec=spec, score_fn=score, max_new_tokens=3, mesh=mesh,
   )  # fmt: skip
-  opt = optax.chain(es.es_gradient(N, SIGMA), optax.sgd(ALPHA))
+  opt = optax.chain(es.es_gradient(spec), optax.sgd(ALPHA))
   apply = jax.jit(
     lambda p, s, f: optax.apply_updates(p, opt.update(p, s, p, fitness=f, key=step_key)[0])
   )

@@ -36,13 +36,19 @@ def score_low_half(tokens, mask):
   return hits.sum(-1) / np.maximum(mask.sum(-1), 1)
 
 
+SPEC_FIELDS = ("population_size", "antithetic", "rank", "low_rank_vectors", "precision")
+
+
 def _evaluate(params, step_key, **overrides):
+  """population.evaluate with this file's defaults; the noise settings among ``overrides`` make
+  the run's ``NoiseSpec``."""
   ids, mask = _prompts()
+  spec = {k: overrides.pop(k) for k in SPEC_FIELDS if k in overrides}
   kw = dict(
     config=CONFIG,
     step_key=step_key,
     sigma=SIGMA,
-    population_size=N,
+    spec=noise.NoiseSpec(**{"population_size": N, **spec}),
     score_fn=score_low_half,
     max_new_tokens=T,
     mesh=sharding.make_mesh(),
@@ -191,7 +197,7 @@ def test_es_loop_improves_reward_without_retracing():
   """evaluate + optax.chain(es_gradient, sgd): greedy reward of θ rises well above its start."""
   params = _params()
   alpha = 0.05
-  opt = optax.chain(es.es_gradient(N, SIGMA), optax.sgd(alpha))
+  opt = optax.chain(es.es_gradient(noise.NoiseSpec(N)), optax.sgd(alpha))
   opt_state = opt.init(params)
   update = jax.jit(lambda p, s, f, k: opt.update(None, s, p, fitness=f, key=k))
 
@@ -223,6 +229,22 @@ def test_bad_inputs_raise(key):
     _evaluate(params, key, population_size=7, antithetic=True, mesh=None)
   with pytest.raises(ValueError, match="sigma=0.0"):
     _evaluate(params, key, sigma=0.0)
+  # σ is validated here, where it is used (es_gradient has no sigma: the update does not use it).
+  with pytest.raises(ValueError, match=r"sigma=-1 must be > 0"):
+    _evaluate(params, key, sigma=-1)
+  with pytest.raises(ValueError, match=r"sigma=nan must be > 0"):
+    _evaluate(params, key, sigma=float("nan"))
+  ids, mask = _prompts()
+  with pytest.raises(TypeError, match="NoiseSpec"):  # the five settings travel as one spec
+    population.evaluate(
+      params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, spec=N,
+      score_fn=score_low_half, max_new_tokens=T,
+    )  # fmt: skip
+  with pytest.raises(TypeError, match="population_size"):  # the old keyword arguments
+    population.evaluate(
+      params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, population_size=N,
+      score_fn=score_low_half, max_new_tokens=T,
+    )  # fmt: skip
   with pytest.raises(ValueError, match="precision"):
     _evaluate(params, key, rank=2, precision="bf16_faithful")
   with pytest.raises(ValueError, match="score_fn returned shape"):

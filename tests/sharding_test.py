@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, population, sharding
+from es_jax import es, grpo_train, noise, population, sharding
 from es_jax.models import forward, positions_from_mask
 
 CONFIG = micro_config()
@@ -182,11 +182,12 @@ def _es_step(params, mesh, rank, *, min_size=256):
   rng = np.random.RandomState(3)
   ids = rng.randint(0, STEP_CONFIG.vocab_size, (2, 4)).astype(np.int32)
   step_key = jax.random.key(5)
+  spec = noise.NoiseSpec(N, rank=rank)
   fitness, stats = population.evaluate(
     params, ids, np.ones_like(ids, bool), config=STEP_CONFIG, step_key=step_key, sigma=SIGMA,
-    population_size=N, score_fn=_low_tokens, max_new_tokens=2, mesh=mesh, rank=rank,
+    spec=spec, score_fn=_low_tokens, max_new_tokens=2, mesh=mesh,
   )  # fmt: skip
-  opt = optax.chain(es.es_gradient(N, SIGMA, rank=rank, sharded=sharded), optax.sgd(ALPHA))
+  opt = optax.chain(es.es_gradient(spec, sharded=sharded), optax.sgd(ALPHA))
 
   @jax.jit
   def apply(p, s, f, k):
@@ -267,7 +268,7 @@ def test_model_sharded_update_and_population_gather_no_parameter():
   f, key = jnp.arange(N, dtype=jnp.float32), jax.random.key(0)
 
   def update_hlo(sharded):
-    opt = optax.chain(es.es_gradient(N, SIGMA, sharded=sharded), optax.sgd(ALPHA))
+    opt = optax.chain(es.es_gradient(noise.NoiseSpec(N), sharded=sharded), optax.sgd(ALPHA))
     fn = jax.jit(lambda p, s: optax.apply_updates(p, opt.update(p, s, p, fitness=f, key=key)[0]))
     return fn.lower(params, opt.init(params)).compile().as_text()
 
@@ -279,8 +280,8 @@ def test_model_sharded_update_and_population_gather_no_parameter():
   ids = np.zeros((2, 4), np.int32)
   program = population.population_completions.lower(
     params, ids, np.ones_like(ids, bool), key, key, jnp.float32(SIGMA), jnp.float32(0.0),
-    jnp.float32(1.0), config=STEP_CONFIG, population_size=N, members_per_chunk=1, mesh=mesh,
-    antithetic=False, rank=None, low_rank_vectors="full", precision="fp32", max_new_tokens=2,
+    jnp.float32(1.0), config=STEP_CONFIG, spec=noise.NoiseSpec(N), members_per_chunk=1,
+    mesh=mesh, max_new_tokens=2,
     eos_ids=(), pad_id=0, use_top_p=False, share_sample_key=False,
   )  # fmt: skip
   hlo = program.compile().as_text()

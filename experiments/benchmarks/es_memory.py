@@ -12,7 +12,7 @@ except the ``[N, P, T]`` completions.
 Each N runs in a fresh subprocess (``--_child N``, same flags), so allocator caches, compiled
 programs and the other N's buffers cannot leak into the figure. The child loads the model, then
 runs the step ``population.evaluate(members_per_chunk=M)`` followed by the jitted, donated
-``optax.chain(es_gradient(N, σ), sgd(α))`` update, twice, reading the kernel's peak resident set
+``optax.chain(es_gradient(spec), sgd(α))`` update, twice, reading the kernel's peak resident set
 (``VmHWM`` in ``/proc/self/status``; ``ru_maxrss`` where that is missing) around each:
 
 * load: the peak while importing JAX and loading the model (before any step).
@@ -101,7 +101,7 @@ def child(args) -> dict:
   import numpy as np
   import optax
 
-  from es_jax import es, population
+  from es_jax import es, noise, population
   from es_jax.models import params as model_params
 
   n, M = args._child, args.members_per_chunk
@@ -117,7 +117,8 @@ def child(args) -> dict:
   def score(tokens, mask):
     return ((tokens % 7) * mask).sum(axis=-1) / (6.0 * np.maximum(mask.sum(axis=-1), 1))
 
-  optimizer = optax.chain(es.es_gradient(n, args.sigma), optax.sgd(args.learning_rate))
+  spec = noise.NoiseSpec(n)  # the evaluation's and the update's
+  optimizer = optax.chain(es.es_gradient(spec), optax.sgd(args.learning_rate))
 
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def apply_update(params, opt_state, fitness, key):
@@ -125,7 +126,7 @@ def child(args) -> dict:
     return optax.apply_updates(params, updates), opt_state
 
   eval_kw = dict(
-    config=config, step_key=step_key, sigma=args.sigma, population_size=n, score_fn=score,
+    config=config, step_key=step_key, sigma=args.sigma, spec=spec, score_fn=score,
     max_new_tokens=T, members_per_chunk=M,
   )  # fmt: skip
   state = {"params": params, "opt_state": optimizer.init(params)}
@@ -158,8 +159,8 @@ def child(args) -> dict:
   jnp = jax.numpy
   lowered = population.population_completions.lower(
     state["params"], ids, mask, step_key, step_key, jnp.float32(args.sigma), jnp.float32(0.0),
-    jnp.float32(1.0), config=config, population_size=n, members_per_chunk=M, mesh=None,
-    antithetic=False, rank=None, low_rank_vectors="full", precision="fp32", max_new_tokens=T,
+    jnp.float32(1.0), config=config, spec=spec, members_per_chunk=M, mesh=None,
+    max_new_tokens=T,
     eos_ids=(), pad_id=0, use_top_p=False, share_sample_key=False,
   )  # fmt: skip
   out["xla_evaluate"] = _analysis(lowered.compile())

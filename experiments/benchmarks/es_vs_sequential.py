@@ -10,7 +10,7 @@ tokens (EOS disabled, so every row generates exactly T tokens), a host score per
 shaping and the update ``θ ← θ + (α/N) Σ_i w_i ε_i`` with ``ε_i`` regenerated from the step key.
 
 * batched (es_jax): ``population.evaluate(members_per_chunk=M)`` (one jitted program, M members
-  vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(N, σ), sgd(α))`` update.
+  vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(spec), sgd(α))`` update.
   With the default ``--looped`` the same step with ``M = 1`` is timed too, to separate what the
   vmap buys from what the single program buys.
 * sequential (the reference code's scheme, ported as PyTorch's in-place ``add_`` would be): for each
@@ -149,7 +149,8 @@ def main(argv=None):
   ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
   mask = np.ones((P, S), bool)
   step_key = jax.random.key(1, impl=args.prng)
-  optimizer = optax.chain(es.es_gradient(N, args.sigma), optax.sgd(args.learning_rate))
+  spec = noise.NoiseSpec(N)  # the evaluation's and the update's
+  optimizer = optax.chain(es.es_gradient(spec), optax.sgd(args.learning_rate))
 
   @functools.partial(jax.jit, donate_argnums=(0,))
   def apply_update(params, opt_state, fitness, key):
@@ -160,7 +161,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     fitness, _ = population.evaluate(
       params, ids, mask, config=config, step_key=step_key, sigma=args.sigma,
-      population_size=N, score_fn=score, max_new_tokens=T, members_per_chunk=members_per_chunk,
+      spec=spec, score_fn=score, max_new_tokens=T, members_per_chunk=members_per_chunk,
     )  # fmt: skip
     t1 = time.perf_counter()
     params, _ = _sync(apply_update(params, optimizer.init(params), fitness, step_key))
