@@ -154,6 +154,16 @@ def _digests(leaves: list[jax.Array]) -> jax.Array:
   return jnp.stack([_leaf_digest(x) for x in leaves]) if leaves else jnp.zeros((0, 2), jnp.uint32)
 
 
+def tree_digest(tree: Any) -> str:
+  """A hex digest of every array's bytes in `tree` (its leaf digests, hashed in leaf order),
+  independent of sharding: which parameters a result was computed from (for example the final
+  evaluation's records, so that a run extended to more steps does not reuse them)."""
+  leaves = jax.tree.leaves(tree)
+  words = np.asarray(_digests(leaves)).astype("<u4").tobytes()
+  shapes = json.dumps([[list(np.shape(x)), str(x.dtype)] for x in leaves]).encode()
+  return hashlib.sha256(words + shapes).hexdigest()[:16]
+
+
 def _path_name(path: tuple[Any, ...]) -> str:
   """A pytree path as "a/b/0/c", the same for a NamedTuple and the dict Orbax restores it as."""
   parts = []

@@ -768,6 +768,30 @@ def _stopped_result(what: str) -> dict[str, Any]:
   return {"stopped": True}
 
 
+def set_aside_stale_evaluation(eval_dir: str, run_info: Mapping[str, Any]) -> str | None:
+  """Renames `eval_dir` to eval.stale-<n> when its records were computed for other params than
+  `run_info` says (for example a finished run resumed with a larger num_steps); returns the new
+  path, or None when the records are current or absent. Nothing is deleted."""
+  if not os.path.isdir(eval_dir):
+    return None
+  for name in sorted(os.listdir(eval_dir)):
+    if not name.endswith(".meta.json"):
+      continue
+    with open(os.path.join(eval_dir, name)) as f:
+      saved = json.load(f).get("run_info")
+    if saved != json.loads(json.dumps(dict(run_info))):
+      n = 1
+      while os.path.exists(f"{eval_dir}.stale-{n}"):
+        n += 1
+      os.replace(eval_dir, f"{eval_dir}.stale-{n}")
+      log.warning(
+        "%s holds the evaluation of other params (%s); moved to %s, evaluating these",
+        eval_dir, saved, f"{eval_dir}.stale-{n}",
+      )  # fmt: skip
+      return f"{eval_dir}.stale-{n}"
+  return None
+
+
 def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
   """After the last stage: final evaluation, HF export and plots (skipped when preempted).
 
@@ -778,9 +802,13 @@ def finish(ctx: Context, params, *, stopped: bool) -> dict[str, Any]:
     return _stopped_result("checkpoint saved")
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
-    log.info("final evaluation into %s", os.path.join(ctx.workdir, "eval"))
+    eval_dir = os.path.join(ctx.workdir, "eval")
+    log.info("final evaluation into %s", eval_dir)
+    # The records say which params they score: a run extended to more steps re-evaluates.
+    run_info = {"params_digest": checkpoint_lib.tree_digest(params)}
+    set_aside_stale_evaluation(eval_dir, run_info)
     try:
-      ev = ctx.evaluator.final(params, ctx.model_config, os.path.join(ctx.workdir, "eval"))
+      ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
     except evaluate.EvaluationStopped:
       return _stopped_result("the evaluated problems are saved in eval/")
     results["eval"] = ev["macro"]

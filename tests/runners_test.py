@@ -234,6 +234,19 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   records = _lines(jsonl)
   assert records[:2] == first and [r["index"] for r in records] == [0, 1, 2, 3]
   assert json.load(open(tmp_path / "eval" / "table.json"))["macro"]["num_problems"] == 4
+  # Extended to 2 steps: the 1-step model's evaluation is set aside (kept, not reused).
+  longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)
+  assert es.run(longer, str(tmp_path))["stopped"] is False
+  meta = f"{train_lib.task_label(config.eval.task)}.meta.json"
+  digests = [json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
+             for d in ("eval.stale-1", "eval")]  # fmt: skip
+  for step, digest in zip((1, 2), digests, strict=True):
+    with Checkpointer(str(tmp_path / "checkpoints"), async_save=False) as ckpt:
+      state = ckpt.restore(step).state
+    params = state["params"] if isinstance(state, dict) and "params" in state else state[0]
+    assert checkpoint.tree_digest(params) == digest, step
+  assert digests[0] != digests[1]
+  assert len(_lines(jsonl)) == 4 and _lines(tmp_path / "eval.stale-1" / jsonl.name) == records
 
 
 def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
