@@ -23,7 +23,7 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/python -m experiments.main --config experiments/configs/demo.py --workdir $(DEMO_DIR)
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Compiles tiny models for TPU topologies on this machine (no TPU): needs libtpu (~210 MB wheel,
@@ -34,6 +34,7 @@ tpu-check: install
 
 lint: install
 	$(BIN)/ruff check es_jax experiments tests
+	$(BIN)/ruff format --check es_jax experiments tests
 
 clean:
 	rm -rf $(VENV)

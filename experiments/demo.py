@@ -39,12 +39,19 @@ RUNS = {  # name -> (method, runner, sequential order, es.shaping; None: the con
   "grpo_es": ("sequential", sequential.run, "grpo_es", None),
   "es_grpo": ("sequential", sequential.run, "es_grpo", None),
 }
-LABELS = {"base": "base", "es": "ES", "es_coverage": "ES (coverage)", "grpo": "GRPO",
-          "grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
+LABELS = {
+  "base": "base",
+  "es": "ES",
+  "es_coverage": "ES (coverage)",
+  "grpo": "GRPO",
+  "grpo_es": "GRPO→ES",
+  "es_grpo": "ES→GRPO",
+}
 
 
-def _sub_config(config: ml_collections.ConfigDict, method: str, order: str | None,
-                shaping: str | None = None):
+def _sub_config(
+  config: ml_collections.ConfigDict, method: str, order: str | None, shaping: str | None = None
+):
   sub = ml_collections.ConfigDict(config.to_dict())
   sub.method = method
   if order is not None:

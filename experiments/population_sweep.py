@@ -29,8 +29,12 @@ def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
     sizes = sorted({int(s) for s in raw.split(",") if s.strip()})
   except ValueError:
     sizes = []
-  train_lib.check(bool(sizes) and sizes[0] >= 2, "population_sweep.sizes", raw,
-                  "need comma-separated population sizes >= 2, e.g. '8,16,32'")
+  train_lib.check(
+    bool(sizes) and sizes[0] >= 2,
+    "population_sweep.sizes",
+    raw,
+    "need comma-separated population sizes >= 2, e.g. '8,16,32'",
+  )
   return sizes
 
 
@@ -57,19 +61,28 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     final[n] = float(smooth[-1])
   largest = max(final)
   within = [n for n in sorted(final) if final[n] >= final[largest] - float(sweep.tolerance)]
-  result = {"smoothed_final_reward": final, "window": window, "tolerance": float(sweep.tolerance),
-            "smallest_sufficient_N": within[0]}
+  result = {
+    "smoothed_final_reward": final,
+    "window": window,
+    "tolerance": float(sweep.tolerance),
+    "smallest_sufficient_N": within[0],
+  }
   os.makedirs(workdir, exist_ok=True)
   with open(os.path.join(workdir, "sweep.json"), "w") as f:
     json.dump(result, f, indent=1)
   lines = ["| N | smoothed training reward (last step) |", "|---|---|"]
   lines += [f"| {n} | {v:.4f} |" for n, v in sorted(final.items())]
-  lines += ["", f"Smallest N within {sweep.tolerance} of N = {largest}: {within[0]} "
-            f"(moving average over {window} steps)."]
+  lines += [
+    "",
+    f"Smallest N within {sweep.tolerance} of N = {largest}: {within[0]} "
+    f"(moving average over {window} steps).",
+  ]
   with open(os.path.join(workdir, "sweep.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
-  plots.plot_metric_over_steps({k: (x, np.asarray(y)) for k, (x, y) in curves.items()},
-                               os.path.join(workdir, "sweep.png"),
-                               ylabel=f"training reward (moving average, {window} steps)",
-                               title="ES population size sweep")
+  plots.plot_metric_over_steps(
+    {k: (x, np.asarray(y)) for k, (x, y) in curves.items()},
+    os.path.join(workdir, "sweep.png"),
+    ylabel=f"training reward (moving average, {window} steps)",
+    title="ES population size sweep",
+  )
   return result

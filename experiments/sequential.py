@@ -34,8 +34,12 @@ ORDERS = {"grpo_es": ("grpo", "es"), "es_grpo": ("es", "grpo")}
 def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
   """(first, second) stage steps; each at least 1."""
   train_lib.check(total >= 2, "sequential.total_steps", total, "need >= 2 (two stages)")
-  train_lib.check(0.0 < first_fraction < 1.0, "sequential.first_fraction", first_fraction,
-                  "need a fraction in (0, 1)")
+  train_lib.check(
+    0.0 < first_fraction < 1.0,
+    "sequential.first_fraction",
+    first_fraction,
+    "need a fraction in (0, 1)",
+  )
   first = min(max(round(total * first_fraction), 1), total - 1)
   return first, total - first
 

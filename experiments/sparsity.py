@@ -47,8 +47,12 @@ def checkpoint_dir_of(path: str) -> str:
 
 def load_tuned(path: str, model_config: models.ModelConfig) -> Any:
   """Tuned params from an HF directory, a run directory or a checkpoint directory."""
-  train_lib.check(bool(path) and os.path.exists(path), "sparsity.tuned", path,
-                  "need an existing run, checkpoint or HF directory")
+  train_lib.check(
+    bool(path) and os.path.exists(path),
+    "sparsity.tuned",
+    path,
+    "need an existing run, checkpoint or HF directory",
+  )
   if os.path.exists(os.path.join(path, "config.json")) and any(
     f.endswith(".safetensors") for f in os.listdir(path)
   ):
@@ -68,7 +72,8 @@ def update_groups(base: Any, tuned: Any, top_fraction: float) -> dict[str, dict[
   """Per parameter group: share of parameters, of Σ|Δθ| and of the top `top_fraction` |Δθ|."""
   deltas = jax.tree_util.tree_map_with_path(
     lambda p, b, t: np.abs(np.asarray(t, np.float32) - np.asarray(b, np.float32)).ravel(),
-    base, tuned,
+    base,
+    tuned,
   )
   flat = jax.tree_util.tree_flatten_with_path(deltas)[0]
   every = np.concatenate([d for _, d in flat])
@@ -89,8 +94,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)
   cfg = config.sparsity
   taus = [float(t) for t in cfg.taus]
-  train_lib.check(bool(taus) and all(t > 0 for t in taus), "sparsity.taus", cfg.taus,
-                  "need thresholds > 0")
+  train_lib.check(
+    bool(taus) and all(t > 0 for t in taus), "sparsity.taus", cfg.taus, "need thresholds > 0"
+  )
   model, tokenizer = train_lib.load_model(config.model, seed=config.seed)
   base = models.params(model)
   tuned = jax.tree.map(jnp.asarray, load_tuned(cfg.tuned, model.config))
@@ -103,14 +109,18 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
 
   try:  # a SIGTERM stops an evaluation between batches: its jsonl resumes on a rerun
     rows = [{"model": "base", "tau": None, "sparsity": None, **evaluate_params(base, "base")}]
-    rows.append(
-      {"model": "tuned", "tau": 0.0, "sparsity": 0.0, **evaluate_params(tuned, "tuned")}
-    )
+    rows.append({"model": "tuned", "tau": 0.0, "sparsity": 0.0, **evaluate_params(tuned, "tuned")})
     for tau in sorted(taus):
       thresholded = metrics.threshold_update(base, tuned, tau)
       s = float(metrics.update_sparsity(delta, tau))
-      rows.append({"model": f"tau={tau:g}", "tau": tau, "sparsity": s,
-                   **evaluate_params(thresholded, f"tau={tau:g}")})
+      rows.append(
+        {
+          "model": f"tau={tau:g}",
+          "tau": tau,
+          "sparsity": s,
+          **evaluate_params(thresholded, f"tau={tau:g}"),
+        }
+      )
   except evaluate.EvaluationStopped:
     log.warning("stopped by SIGTERM; rerun the same command to resume")
     return {"stopped": True}
@@ -158,10 +168,14 @@ def _write_markdown(result: dict[str, Any], path: str, top_fraction: float) -> N
   for r in result["rows"]:
     tau = "-" if r["tau"] is None else f"{r['tau']:g}"
     s = "-" if r["sparsity"] is None else f"{r['sparsity']:.3f}"
-    lines.append(f"| {r['model']} | {tau} | {s} | {r.get('greedy', float('nan')):.3f} | "
-                 f"{r['pass@1']:.3f} |")
-  lines += ["", f"| group | share of params | share of Σ|Δθ| | share of top {top_fraction:g} |",
-            "|---|---|---|---|"]
+    lines.append(
+      f"| {r['model']} | {tau} | {s} | {r.get('greedy', float('nan')):.3f} | {r['pass@1']:.3f} |"
+    )
+  lines += [
+    "",
+    f"| group | share of params | share of Σ|Δθ| | share of top {top_fraction:g} |",
+    "|---|---|---|---|",
+  ]
   for name, g in sorted(result["groups"].items(), key=lambda kv: -kv[1]["top"]):
     lines.append(f"| {name} | {g['params']:.4f} | {g['mass']:.4f} | {g['top']:.4f} |")
   with open(path, "w") as f:

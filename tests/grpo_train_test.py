@@ -258,7 +258,6 @@ def test_bad_input_raises_naming_the_value(setup):
     gt.rollout(params0, ids[:3], mask[:3], num_generations=G, mesh=mesh, **kw)
 
 
-
 def test_update_step_lowers_from_abstract_inputs(setup, exact_steps):
   # The program alone, from shapes and shardings (what a TPU planner compiles): the compiled
   # executable run on real arrays gives the step `update_step` runs.

@@ -253,8 +253,14 @@ def forgetting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   over the held-out tasks alone."""
   first, *rest = HELD_OUT_TASKS
   c.method = "evaluate"
-  c.eval.update(task=first["task"], split=first["split"], limit=first["limit"], source_dir="",
-                every=0, extra_tasks=tuple(dict(t) for t in rest))
+  c.eval.update(
+    task=first["task"],
+    split=first["split"],
+    limit=first["limit"],
+    source_dir="",
+    every=0,
+    extra_tasks=tuple(dict(t) for t in rest),
+  )
   return c
 
 

@@ -47,27 +47,53 @@ MATH_EXTRA_TASKS = (
 
 
 def get_config(variant: str | None = None):
-  _, mode, smoke_run = parse_variant(variant, file="deepscaler_hard.py", models=(),
-                                     modes=("forgetting",))
+  _, mode, smoke_run = parse_variant(
+    variant, file="deepscaler_hard.py", models=(), modes=("forgetting",)
+  )
   if mode and smoke_run:
     raise ValueError("deepscaler_hard.py: no ':forgetting_smoke' (no held-out sample files).")
   c = base_config()
   c.method = "es"
   c.model.update(source="hf", path="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
   c.data.update(task="deepscaler", split="train", limit=40315, prompts_per_step=64)
-  c.eval.update(task="math500", split="test", limit=500, num_samples=32, temperature=0.6,
-                max_new_tokens=8192, batch_size=64, ks=(1, 16, 32), every=50,
-                periodic_limit=64, periodic_num_samples=4,
-                extra_tasks=tuple(dict(t) for t in MATH_EXTRA_TASKS))
+  c.eval.update(
+    task="math500",
+    split="test",
+    limit=500,
+    num_samples=32,
+    temperature=0.6,
+    max_new_tokens=8192,
+    batch_size=64,
+    ks=(1, 16, 32),
+    every=50,
+    periodic_limit=64,
+    periodic_num_samples=4,
+    extra_tasks=tuple(dict(t) for t in MATH_EXTRA_TASKS),
+  )
   # eval.batch_size=64: 64 rows x (256 + 8192) tokens compile to 32.4 GiB per v5p chip; 264 rows
   # needed 123 GiB (docs/tpu_plan.md).
   # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
-  c.es.update(num_steps=200, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
-              temperature=0.6, max_new_tokens=8192, members_per_chunk=1)
+  c.es.update(
+    num_steps=200,
+    population_size=32,
+    sigma=1.5e-3,
+    learning_rate=2.5e-4,
+    temperature=0.6,
+    max_new_tokens=8192,
+    members_per_chunk=1,
+  )
   # members_per_chunk=1: one member decodes at a time per chip (40 GiB per v5p chip at 8192 tokens).
-  c.grpo.update(num_steps=200, num_generations=8, learning_rate=1e-6, beta=0.001,
-                temperature=1.0, max_new_tokens=8192, mini_batch_size=256, micro_batch_size=1,
-                remat=True)
+  c.grpo.update(
+    num_steps=200,
+    num_generations=8,
+    learning_rate=1e-6,
+    beta=0.001,
+    temperature=1.0,
+    max_new_tokens=8192,
+    mini_batch_size=256,
+    micro_batch_size=1,
+    remat=True,
+  )
   # grpo.remat: the update of 8448-token rows compiles to 36.9 GiB per v5p chip with it, 192 GiB
   # of saved attention scores without (docs/tpu_plan.md).
   c.sequential.update(total_steps=200, first_fraction=0.5)

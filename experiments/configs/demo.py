@@ -39,10 +39,23 @@ def get_config(variant: str | None = None):
   # ES (the paper's; --config.es.rank=0) measured ~55 s per step here against ~10 s, mostly
   # drawing 135M normals per member twice. A small population; σ, α as Qiu et al. (1e-3, 5e-4).
   # GRPO: lr 1e-5 (10x the paper's 1e-6, for a budget of 8 steps), no KL (β = 0).
-  c.es.update(num_steps=8, population_size=8, members_per_chunk=8, sigma=1e-3,
-              learning_rate=5e-4, max_new_tokens=32, rank=4)
-  c.grpo.update(num_steps=8, num_generations=8, learning_rate=1e-5, beta=0.0,
-                max_new_tokens=32, micro_batch_size=16)
+  c.es.update(
+    num_steps=8,
+    population_size=8,
+    members_per_chunk=8,
+    sigma=1e-3,
+    learning_rate=5e-4,
+    max_new_tokens=32,
+    rank=4,
+  )
+  c.grpo.update(
+    num_steps=8,
+    num_generations=8,
+    learning_rate=1e-5,
+    beta=0.0,
+    max_new_tokens=32,
+    micro_batch_size=16,
+  )
   c.sequential.update(total_steps=8, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=2)
   if variant == "smoke":

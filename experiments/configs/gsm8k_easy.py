@@ -70,24 +70,48 @@ MODES = ("sweep", "forgetting")
 
 
 def get_config(variant: str | None = None):
-  model, mode, smoke_run = parse_variant(variant, file="gsm8k_easy.py", models=MODELS,
-                                         modes=MODES)
+  model, mode, smoke_run = parse_variant(variant, file="gsm8k_easy.py", models=MODELS, modes=MODES)
   model = model or DEFAULT_MODEL
   c = base_config()
   c.method = "es"
   c.model.update(source="hf", path=MODELS[model])
   c.data.update(task="gsm8k", split="train", limit=7473, prompts_per_step=64)
-  c.eval.update(task="gsm8k", split="test", limit=1319, num_samples=32, temperature=0.6,
-                max_new_tokens=2048, batch_size=64, ks=(1, 16, 32), every=50,
-                periodic_limit=128, periodic_num_samples=4)
+  c.eval.update(
+    task="gsm8k",
+    split="test",
+    limit=1319,
+    num_samples=32,
+    temperature=0.6,
+    max_new_tokens=2048,
+    batch_size=64,
+    ks=(1, 16, 32),
+    every=50,
+    periodic_limit=128,
+    periodic_num_samples=4,
+  )
   # members_per_chunk=1 and eval.batch_size=64: compiled for v5e:2x4 (experiments.tpu_plan,
   # docs/tpu_plan.md), 4 members per chunk need 38.0 GiB of temporaries per chip and a 264-row
   # eval batch 27.5 GiB (16 GiB HBM); 1 member: 13.6 GiB, 64 rows: 7.9 GiB.
-  c.es.update(num_steps=234, population_size=32, sigma=1.5e-3, learning_rate=2.5e-4,
-              temperature=0.0, max_new_tokens=2048, members_per_chunk=1)
-  c.grpo.update(num_steps=234, num_generations=8, learning_rate=1e-6, beta=0.001,
-                temperature=1.0, max_new_tokens=2048, mini_batch_size=256, micro_batch_size=2,
-                remat=True)
+  c.es.update(
+    num_steps=234,
+    population_size=32,
+    sigma=1.5e-3,
+    learning_rate=2.5e-4,
+    temperature=0.0,
+    max_new_tokens=2048,
+    members_per_chunk=1,
+  )
+  c.grpo.update(
+    num_steps=234,
+    num_generations=8,
+    learning_rate=1e-6,
+    beta=0.001,
+    temperature=1.0,
+    max_new_tokens=2048,
+    mini_batch_size=256,
+    micro_batch_size=2,
+    remat=True,
+  )
   c.sequential.update(total_steps=234, first_fraction=0.5)
   c.checkpoint.update(every=10, keep=3)
   if mode == "sweep":
@@ -102,8 +126,12 @@ def get_config(variant: str | None = None):
       raise ValueError("gsm8k_easy.py: no ':forgetting_smoke' (no held-out sample files).")
     forgetting(c)
   if smoke_run:
-    smoke(c, preset="tiny-llama" if model.startswith("llama") else "tiny-qwen2", data="gsm8k",
-          eval_data="gsm8k")
+    smoke(
+      c,
+      preset="tiny-llama" if model.startswith("llama") else "tiny-qwen2",
+      data="gsm8k",
+      eval_data="gsm8k",
+    )
     if mode == "sweep":
       c.population_sweep.update(sizes="2,4", window=2)
       c.es.num_steps = 3
