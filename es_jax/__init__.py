@@ -47,7 +47,7 @@ from es_jax.noise import (
   perturb_member,
   sample_noise,
 )
-from es_jax.population import evaluate as evaluate_population
+from es_jax.population import evaluate_population
 from es_jax.rewards import get_reward, is_correct
 from es_jax.sampling import Completions, generate, generate_members, pad_prompts
 from es_jax.sharding import make_mesh

@@ -219,8 +219,9 @@ def es_gradient(
 
   with ``ε_i = noise.member_noise(params, key, i, ...)`` under ``spec`` (for low rank the
   materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated
-  with. Pass the ``spec`` the population was evaluated with (``population.evaluate(spec=)``):
-  that one value is what makes evaluation and update see the same noise. Chained with
+  with. Pass the ``spec`` the population was evaluated with
+  (``population.evaluate_population(spec=)``): that one value is what makes evaluation and update
+  see the same noise. Chained with
   ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the paper's update with
   1/σ folded into ``α``. Updates are float32 whatever the params' dtype (and whatever
   ``spec.precision``, which is the members' arithmetic); ``optax.apply_updates`` adds them and
@@ -228,7 +229,7 @@ def es_gradient(
   weights from a custom shaping are zeroed, so NaN never reaches the parameters.
 
   There is no ``sigma`` argument: the update does not use σ (the paper folds 1/σ into α, so the
-  learning rate carries it). σ is validated where it is used, by ``population.evaluate``.
+  learning rate carries it). σ is validated where it is used, by ``population.evaluate_population``.
 
   Args:
     spec: the population's ``noise.NoiseSpec`` (size ``N``, antithetic, rank, low-rank vectors;

@@ -130,8 +130,9 @@ def validate_precision(precision: str) -> None:
 class NoiseSpec:
   """The noise of one ES population, shared by its evaluation and its update.
 
-  ``population.evaluate`` (and ``population.population_completions``) draw member ``i``'s noise
-  from it and ``es.es_gradient`` regenerates the same noise from it, so building one spec and
+  ``population.evaluate_population`` (and ``population.population_completions``) draw member
+  ``i``'s noise from it and ``es.es_gradient`` regenerates the same noise from it, so building one
+  spec and
   passing it to both is what keeps evaluation and update in agreement. Frozen and hashable: a
   static argument of jitted code. Validated once, on construction; errors name the field.
 

@@ -152,7 +152,8 @@ def population_completions(
 ) -> sampling.Completions:
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
-  See ``evaluate`` for the arguments; inputs are not validated here (``spec`` validated itself
+  See ``evaluate_population`` for the arguments; inputs are not validated here (``spec`` validated
+  itself
   on construction; it is a static argument, hashable). ``unroll_layers``: decode
   over per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
   (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
@@ -277,7 +278,7 @@ def population_completions(
   )(*args)
 
 
-def evaluate(
+def evaluate_population(
   params: Any,
   prompt_ids: Any,
   prompt_mask: Any,
@@ -345,7 +346,7 @@ def evaluate(
     TypeError: ``spec`` is not a ``NoiseSpec`` (the five noise settings are no longer keyword
       arguments of their own).
   """
-  spec = noise_lib.as_noise_spec(spec, "population.evaluate")
+  spec = noise_lib.as_noise_spec(spec, "population.evaluate_population")
   population_size = spec.population_size
   v = members_per_chunk
   if isinstance(v, bool) or not isinstance(v, int) or v < 1:

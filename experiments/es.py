@@ -7,7 +7,8 @@ HF export.
 
 One step (global step g = stage offset + local step s):
   step_key = fold_in(keys["noise"], g)                   # member i: fold_in(step_key, i)
-  fitness, stats = es_jax.population.evaluate(θ, prompts(g), step_key=step_key, spec=spec, ...)
+  fitness, stats = es_jax.population.evaluate_population(
+      θ, prompts(g), step_key=step_key, spec=spec, ...)
   θ, opt_state = optax.chain(es_gradient(spec), sgd(α) | adam(α)) applied with the same step_key
 
 ``spec = noise_spec(config.es)`` is built once per stage and given to both, so the evaluation and
@@ -159,7 +160,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     step_key = jax.random.fold_in(ctx.keys["noise"], g)
     examples, ids, mask = train_lib.step_batch(ctx, g)
     try:
-      fitness, stats = population.evaluate(
+      fitness, stats = population.evaluate_population(
         state["params"],
         ids,
         mask,

@@ -261,7 +261,7 @@ def test_bad_inputs_name_the_value(key):
   params = _params()
   with pytest.raises(ValueError, match=r"population_size=7 is odd"):
     es.es_gradient(noise.NoiseSpec(7, antithetic=True))
-  # No sigma any more (the update does not use σ; population.evaluate validates it, see
+  # No sigma any more (the update does not use σ; population.evaluate_population validates it, see
   # population_test): the pre-spec calls fail loudly.
   with pytest.raises(TypeError, match="NoiseSpec"):
     es.es_gradient(N)
@@ -354,8 +354,9 @@ def test_noise_spec_is_frozen_hashable_and_validated_with_field_names():
 
 @pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: f"anti{kw['antithetic']}-rank{kw['rank']}")
 def test_one_spec_evaluation_and_update_agree(key, kw):
-  # Members perturbed under a spec (as population.evaluate draws them) and es_gradient(spec)'s
-  # update: with all weight on member i the update is -σ⁻¹ (θ_i - θ), member i's own noise.
+  # Members perturbed under a spec (as population.evaluate_population draws them) and
+  # es_gradient(spec)'s update: with all weight on member i the update is -σ⁻¹ (θ_i - θ), member
+  # i's own noise.
   spec = noise.NoiseSpec(N, **kw)
   params = {"b": jnp.zeros((6,)), "w": jnp.zeros((3, 5, 4))}
   tx = es.es_gradient(spec, shaping=lambda r: r)

@@ -46,7 +46,7 @@ def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
     return low_half(tokens, mask)
 
   spec = noise.NoiseSpec(N)
-  fitness, stats = population.evaluate(
+  fitness, stats = population.evaluate_population(
     p, ids, np.ones_like(ids, bool), config=CONFIG, step_key=step_key, sigma=SIGMA,
     spec=spec, score_fn=score, max_new_tokens=3, mesh=mesh,
   )  # fmt: skip

@@ -40,8 +40,8 @@ SPEC_FIELDS = ("population_size", "antithetic", "rank", "low_rank_vectors", "pre
 
 
 def _evaluate(params, step_key, **overrides):
-  """population.evaluate with this file's defaults; the noise settings among ``overrides`` make
-  the run's ``NoiseSpec``."""
+  """population.evaluate_population with this file's defaults; the noise settings among
+  ``overrides`` make the run's ``NoiseSpec``."""
   ids, mask = _prompts()
   spec = {k: overrides.pop(k) for k in SPEC_FIELDS if k in overrides}
   kw = dict(
@@ -54,7 +54,7 @@ def _evaluate(params, step_key, **overrides):
     mesh=sharding.make_mesh(),
   )
   kw.update(overrides)
-  return population.evaluate(params, ids, mask, **kw)
+  return population.evaluate_population(params, ids, mask, **kw)
 
 
 def _direct(member_params, key=None, temperature=0.0):
@@ -236,12 +236,12 @@ def test_bad_inputs_raise(key):
     _evaluate(params, key, sigma=float("nan"))
   ids, mask = _prompts()
   with pytest.raises(TypeError, match="NoiseSpec"):  # the five settings travel as one spec
-    population.evaluate(
+    population.evaluate_population(
       params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, spec=N,
       score_fn=score_low_half, max_new_tokens=T,
     )  # fmt: skip
   with pytest.raises(TypeError, match="population_size"):  # the old keyword arguments
-    population.evaluate(
+    population.evaluate_population(
       params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, population_size=N,
       score_fn=score_low_half, max_new_tokens=T,
     )  # fmt: skip

@@ -260,7 +260,7 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
   calls = {"grpo": 0, "es": 0}
-  real_rollout, real_eval = grpo.grpo_train.rollout, es.population.evaluate
+  real_rollout, real_eval = grpo.grpo_train.rollout, es.population.evaluate_population
 
   def count(name, fn):
     def wrapped(*a, **k):

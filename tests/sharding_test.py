@@ -183,7 +183,7 @@ def _es_step(params, mesh, rank, *, min_size=256):
   ids = rng.randint(0, STEP_CONFIG.vocab_size, (2, 4)).astype(np.int32)
   step_key = jax.random.key(5)
   spec = noise.NoiseSpec(N, rank=rank)
-  fitness, stats = population.evaluate(
+  fitness, stats = population.evaluate_population(
     params, ids, np.ones_like(ids, bool), config=STEP_CONFIG, step_key=step_key, sigma=SIGMA,
     spec=spec, score_fn=_low_tokens, max_new_tokens=2, mesh=mesh,
   )  # fmt: skip

@@ -11,8 +11,9 @@ except the ``[N, P, T]`` completions.
 
 Each N runs in a fresh subprocess (``--_child N``, same flags), so allocator caches, compiled
 programs and the other N's buffers cannot leak into the figure. The child loads the model, then
-runs the step ``population.evaluate(members_per_chunk=M)`` followed by the jitted, donated
-``optax.chain(es_gradient(spec), sgd(α))`` update, twice, reading the kernel's peak resident set
+runs the step ``population.evaluate_population(members_per_chunk=M)`` followed by the jitted,
+donated ``optax.chain(es_gradient(spec), sgd(α))`` update, twice, reading the kernel's peak
+resident set
 (``VmHWM`` in ``/proc/self/status``; ``ru_maxrss`` where that is missing) around each:
 
 * load: the peak while importing JAX and loading the model (before any step).
@@ -134,7 +135,7 @@ def child(args) -> dict:
 
   def step():
     t0 = time.perf_counter()
-    fitness, _ = population.evaluate(state["params"], ids, mask, **eval_kw)
+    fitness, _ = population.evaluate_population(state["params"], ids, mask, **eval_kw)
     state["params"], state["opt_state"] = jax.block_until_ready(
       apply_update(state["params"], state["opt_state"], fitness, step_key)
     )

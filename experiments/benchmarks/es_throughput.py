@@ -9,7 +9,7 @@ generates exactly T tokens and the work is equal). Timed, each after a compile c
 
 * inference: the unperturbed model generates the same N x P sequences in one batch: the
   reference point ("fraction of inference throughput", EGGROLL's measure).
-* full rank, looped: ``population.evaluate(members_per_chunk=1)``, one member at a time.
+* full rank, looped: ``population.evaluate_population(members_per_chunk=1)``, one member at a time.
 * full rank, vmapped: ``members_per_chunk=M`` members per chunk.
 * low rank (EGGROLL, ``rank=r``), vmapped: all members of a chunk share the base matmuls.
 * noise: drawing one member's full-rank noise and perturbing θ (``noise.perturb_member``) with
@@ -103,7 +103,7 @@ def main(argv=None):
   M, r = args.members_per_chunk, args.rank
 
   def evaluate(members_per_chunk, rank=None, key=step_key):
-    return lambda: population.evaluate(
+    return lambda: population.evaluate_population(
       params,
       ids,
       mask,

@@ -9,8 +9,9 @@ Both sides do the same work on the same model and prompts: N members x P prompts
 tokens (EOS disabled, so every row generates exactly T tokens), a host score per member, z-score
 shaping and the update ``θ ← θ + (α/N) Σ_i w_i ε_i`` with ``ε_i`` regenerated from the step key.
 
-* batched (es_jax): ``population.evaluate(members_per_chunk=M)`` (one jitted program, M members
-  vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(spec), sgd(α))`` update.
+* batched (es_jax): ``population.evaluate_population(members_per_chunk=M)`` (one jitted program,
+  M members vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(spec), sgd(α))``
+  update.
   With the default ``--looped`` the same step with ``M = 1`` is timed too, to separate what the
   vmap buys from what the single program buys.
 * sequential (the reference code's scheme, ported as PyTorch's in-place ``add_`` would be): for each
@@ -109,7 +110,7 @@ def sequential_step(params, ids, mask, *, config, step_key, sigma, lr, n, max_ne
     phases["perturb"] += t1 - t0
     phases["generate + score"] += t2 - t1
     phases["restore"] += t3 - t2
-  fitness = rewards.mean(axis=1).astype(np.float32)  # as population.evaluate forms it
+  fitness = rewards.mean(axis=1).astype(np.float32)  # as population.evaluate_population forms it
   t0 = time.perf_counter()
   w = np.asarray(_zscore(fitness, population_size=n))
   for i in range(n):
@@ -159,7 +160,7 @@ def main(argv=None):
 
   def batched_step(params, members_per_chunk, phases):
     t0 = time.perf_counter()
-    fitness, _ = population.evaluate(
+    fitness, _ = population.evaluate_population(
       params, ids, mask, config=config, step_key=step_key, sigma=args.sigma,
       spec=spec, score_fn=score, max_new_tokens=T, members_per_chunk=members_per_chunk,
     )  # fmt: skip
