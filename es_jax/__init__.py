@@ -19,8 +19,8 @@ from es_jax import (
 )
 from es_jax.checkpoint import Checkpointer
 from es_jax.data import format_prompt, load_task
-from es_jax.es import ESState, es_gradient, es_update_direction, shape_fitness
-from es_jax.fitness import centered_rank, per_prompt_zscore, zscore
+from es_jax.es import ESState, es_gradient, es_update_direction
+from es_jax.fitness import centered_rank, per_prompt_zscore, shape_fitness, zscore
 from es_jax.grpo import (
   group_advantages,
   grpo_loss,

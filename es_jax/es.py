@@ -162,48 +162,6 @@ def es_update_direction(
   return treedef.unflatten(out)
 
 
-def validate_shaping(shaping: str | Callable[[jax.Array], jax.Array]) -> None:
-  """Raises ValueError unless ``shaping`` is a known name or a callable."""
-  if not callable(shaping):
-    fitness_lib.get_shaping(shaping)
-
-
-def shape_fitness(
-  fitness: jax.Array,
-  *,
-  population_size: int,
-  shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
-) -> jax.Array:
-  """Validated fitness -> ``[N]`` float32 weights, as ``es_gradient`` computes them.
-
-  Args:
-    fitness: ``[N]`` fitness, or ``[N, P]`` per-prompt rewards for the shapings in
-      ``es_jax.fitness.PER_PROMPT_SHAPINGS`` (``"per_prompt_zscore"``, ``"coverage"``).
-    population_size: ``N``.
-    shaping: a name in ``es_jax.fitness.SHAPINGS`` or a callable ``fitness -> [N] weights``.
-
-  Returns:
-    ``[N]`` float32 weights. Non-finite weights (possible only from a custom callable) are zeroed,
-    so NaN never reaches the parameters.
-  """
-  validate_shaping(shaping)
-  shape_fn = shaping if callable(shaping) else fitness_lib.get_shaping(shaping)
-  per_prompt = isinstance(shaping, str) and shaping in fitness_lib.PER_PROMPT_SHAPINGS
-  r = jnp.asarray(fitness)
-  expected = f"({population_size}, P)" if per_prompt else f"({population_size},)"
-  if r.shape[:1] != (population_size,) or r.ndim != (2 if per_prompt else 1):
-    raise ValueError(
-      f"fitness has shape {r.shape}, expected {expected}: one value per member of "
-      f"population_size={population_size} (shaping={shaping!r})."
-    )
-  w = jnp.asarray(shape_fn(r), jnp.float32)
-  if w.shape != (population_size,):
-    raise ValueError(
-      f"shaping={shaping!r} returned shape {w.shape}, expected ({population_size},)."
-    )
-  return jnp.where(jnp.isfinite(w), w, 0.0)
-
-
 def es_gradient(
   spec: noise_lib.NoiseSpec,
   /,
@@ -246,7 +204,7 @@ def es_gradient(
   """
   spec = noise_lib.as_noise_spec(spec, "es_gradient")
   population_size = spec.population_size
-  validate_shaping(shaping)
+  fitness_lib.validate_shaping(shaping)
 
   def init_fn(params):
     del params
@@ -256,7 +214,7 @@ def es_gradient(
     del updates, extra_args
     if params is None:
       raise ValueError("es_gradient.update needs params (to regenerate the noise): pass params=.")
-    w = shape_fitness(fitness, population_size=population_size, shaping=shaping)
+    w = fitness_lib.shape_fitness(fitness, population_size=population_size, shaping=shaping)
     direction = es_update_direction(
       params,
       w,

@@ -13,6 +13,8 @@ Conventions shared by all shapings:
   the weights are all zero.
 """
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -147,3 +149,45 @@ def get_shaping(name: str):
   if name not in SHAPINGS:
     raise ValueError(f"shaping={name!r} is unknown: use one of {sorted(SHAPINGS)} or a callable.")
   return SHAPINGS[name]
+
+
+def validate_shaping(shaping: str | Callable[[jax.Array], jax.Array]) -> None:
+  """Raises ValueError unless ``shaping`` is a known name or a callable."""
+  if not callable(shaping):
+    get_shaping(shaping)
+
+
+def shape_fitness(
+  fitness: jax.Array,
+  *,
+  population_size: int,
+  shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
+) -> jax.Array:
+  """Validated fitness -> ``[N]`` float32 weights, as ``es_gradient`` computes them.
+
+  Args:
+    fitness: ``[N]`` fitness, or ``[N, P]`` per-prompt rewards for the shapings in
+      ``PER_PROMPT_SHAPINGS`` (``"per_prompt_zscore"``, ``"coverage"``).
+    population_size: ``N``.
+    shaping: a name in ``SHAPINGS`` or a callable ``fitness -> [N] weights``.
+
+  Returns:
+    ``[N]`` float32 weights. Non-finite weights (possible only from a custom callable) are zeroed,
+    so NaN never reaches the parameters.
+  """
+  validate_shaping(shaping)
+  shape_fn = shaping if callable(shaping) else get_shaping(shaping)
+  per_prompt = isinstance(shaping, str) and shaping in PER_PROMPT_SHAPINGS
+  r = jnp.asarray(fitness)
+  expected = f"({population_size}, P)" if per_prompt else f"({population_size},)"
+  if r.shape[:1] != (population_size,) or r.ndim != (2 if per_prompt else 1):
+    raise ValueError(
+      f"fitness has shape {r.shape}, expected {expected}: one value per member of "
+      f"population_size={population_size} (shaping={shaping!r})."
+    )
+  w = jnp.asarray(shape_fn(r), jnp.float32)
+  if w.shape != (population_size,):
+    raise ValueError(
+      f"shaping={shaping!r} returned shape {w.shape}, expected ({population_size},)."
+    )
+  return jnp.where(jnp.isfinite(w), w, 0.0)

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from es_jax import fitness as fitness_lib
 from es_jax import memory_plan, models, noise, population, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models import hf as hf_lib
@@ -360,7 +361,9 @@ class Setup:
     }
     n = int(c.population_size)
     shape = (
-      (n, int(self.config.data.prompts_per_step)) if c.shaping == "per_prompt_zscore" else (n,)
+      (n, int(self.config.data.prompts_per_step))
+      if c.shaping in fitness_lib.PER_PROMPT_SHAPINGS
+      else (n,)
     )
     lowered = es_run._apply.lower(
       state, _sds(shape, jnp.float32, mesh), _key(mesh), optimizer=optimizer

@@ -89,10 +89,10 @@ def test_coverage_weights_by_hand():
   # only when their unique solves match: here both have one unique solve.
   np.testing.assert_allclose(fitness.coverage(s)[0], fitness.coverage(s)[2], rtol=1e-6)
   assert np.all(fitness.coverage(np.ones((4, 3))) == 0.0)
-  w = es_lib.shape_fitness(s, population_size=4, shaping="coverage")
+  w = fitness.shape_fitness(s, population_size=4, shaping="coverage")
   np.testing.assert_allclose(w, want, rtol=1e-5)
   with pytest.raises(ValueError, match="expected"):
-    es_lib.shape_fitness(s.mean(1), population_size=4, shaping="coverage")
+    fitness.shape_fitness(s.mean(1), population_size=4, shaping="coverage")
 
 
 def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():

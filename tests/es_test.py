@@ -162,7 +162,7 @@ def test_chain_with_sgd_is_the_paper_step_and_jit_does_not_retrace(key):
 def test_shapings_are_wired_and_bf16_params(key):
   r = np.arange(N, dtype=np.float32)  # ranks 0..7
   z = (r - 3.5) / r.std()
-  shape = jax.jit(es.shape_fitness, static_argnames=("population_size", "shaping"))
+  shape = jax.jit(fitness.shape_fitness, static_argnames=("population_size", "shaping"))
   for shaping, fit, want in [
     ("zscore", r, z),
     ("centered_rank", r, r / 7 - 0.5),
@@ -284,7 +284,7 @@ def test_bad_inputs_name_the_value(key):
   with pytest.raises(ValueError, match=r"fitness has shape \(8,\), expected \(8, P\)"):
     tx.update(None, tx.init(params), params, fitness=jnp.zeros((N,)), key=key)
   with pytest.raises(ValueError, match=r"returned shape \(\), expected \(8,\)"):
-    es.shape_fitness(jnp.zeros((N,)), population_size=N, shaping=jnp.sum)
+    fitness.shape_fitness(jnp.zeros((N,)), population_size=N, shaping=jnp.sum)
   with pytest.raises(ValueError, match=r"fitness_weights has shape \(4,\), expected \(8,\)"):
     es.es_update_direction(params, jnp.zeros((4,)), key, population_size=N)
 

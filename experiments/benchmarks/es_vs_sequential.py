@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from es_jax import es, noise, population
+from es_jax import fitness as fitness_lib
 from es_jax.models import params as model_params
 from es_jax.sampling import generate
 from experiments.benchmarks._common import load_model, workload_parser
@@ -83,7 +84,7 @@ def _add_member(params, step_key, i, scale):
 
 @functools.partial(jax.jit, static_argnames=("population_size",))
 def _zscore(fitness, *, population_size):
-  return es.shape_fitness(fitness, population_size=population_size, shaping="zscore")
+  return fitness_lib.shape_fitness(fitness, population_size=population_size, shaping="zscore")
 
 
 def _sync(tree):
