@@ -270,7 +270,7 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
     return wrapped
 
   monkeypatch.setattr(grpo.grpo_train, "rollout", count("grpo", real_rollout))
-  monkeypatch.setattr(es.population, "evaluate", count("es", real_eval))
+  monkeypatch.setattr(es.population, "evaluate_population", count("es", real_eval))
   sequential.run(config, str(tmp_path))
   assert calls == {"grpo": 0, "es": 1}  # stage one restored, one stage-two step rerun
   _, resumed = checkpoint_params(str(stage2))
