@@ -155,13 +155,12 @@ def _digests(leaves: list[jax.Array]) -> jax.Array:
 
 
 def tree_digest(tree: Any) -> str:
-  """A hex digest of every array's bytes in `tree` (its leaf digests, hashed in leaf order),
-  independent of sharding: which parameters a result was computed from (for example the final
-  evaluation's records, so that a run extended to more steps does not reuse them)."""
-  leaves = jax.tree.leaves(tree)
-  words = np.asarray(_digests(leaves)).astype("<u4").tobytes()
-  shapes = json.dumps([[list(np.shape(x)), str(x.dtype)] for x in leaves]).encode()
-  return hashlib.sha256(words + shapes).hexdigest()[:16]
+  """A hex digest of `tree`'s arrays (paths, shapes, dtypes and bytes; the per-array digests of
+  the checkpoint manifest), independent of sharding and the same on every host: which parameters
+  a result was computed from (for example the final evaluation's records, so that a run extended
+  to more steps does not reuse them)."""
+  manifest = json.dumps(_tree_manifest(tree), sort_keys=True).encode()
+  return hashlib.sha256(manifest).hexdigest()[:16]
 
 
 def _path_name(path: tuple[Any, ...]) -> str:

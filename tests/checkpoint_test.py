@@ -392,3 +392,21 @@ def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
   flipped = checkpoint._tree_manifest({"x": jnp.asarray(bits.view(np.float32))})
   assert flipped["x"]["digest"] != plain["x"]["digest"]
   assert plain["b"]["dtype"] == "bfloat16" and plain["k"]["shape"] == []
+
+
+def test_tree_digest_ignores_sharding_and_sees_one_bit():
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from es_jax import checkpoint, sharding
+
+  tree = {"a": jnp.arange(64.0).reshape(8, 8), "b": {"c": jnp.ones(3, jnp.bfloat16)}}
+  mesh = sharding.make_mesh(8, 1)
+  split = {**tree, "a": jax.device_put(tree["a"], NamedSharding(mesh, P("pop")))}
+  assert len(split["a"].sharding.device_set) == 8
+  digest = checkpoint.tree_digest(tree)
+  assert checkpoint.tree_digest(split) == digest and len(digest) == 16
+  bits = jax.lax.bitcast_convert_type(tree["a"], jnp.uint32).at[3, 5].add(1)
+  flipped = {**tree, "a": jax.lax.bitcast_convert_type(bits, jnp.float32)}
+  assert checkpoint.tree_digest(flipped) != digest
+  assert checkpoint.tree_digest({**tree, "b": {"c": jnp.ones(3)}}) != digest  # dtype counts
