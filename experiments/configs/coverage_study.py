@@ -16,9 +16,10 @@ final model on 200 held-out problems (one greedy answer and n = 8 samples at tem
 each). report.md gives every Pass@k with its standard error and each run's difference from the
 base model with the paired standard error (over problems). Rerunning the command resumes.
 Fitness is sampled (temperature 0.6) so that a member's success on a prompt is not all or nothing.
-Runtime: sized for about 90 minutes on a 2-core CPU from the demo's measured costs (about 0.3 s
-per evaluated completion, 10-40 s per training step); docs/results/coverage_study.md records the
-measured time of the committed run.
+Runtime: not yet measured end to end. Sized for about 90 minutes on an idle 2-core CPU from the
+demo's costs (about 0.3 s per evaluated completion, 10-40 s per training step), but the first run
+(2026-12-04, on a 2-core CPU shared with other jobs) took 17.5 min for the base evaluation and
+60-75 s per ES step, so expect longer; docs/results/coverage_study.md will record the measured time.
 
 Variants `zscore` / `coverage`: one ES run (method="es") with that shaping, 30 steps.
 `:smoke` (alone or appended, e.g. `:coverage_smoke`): the random tiny model, plumbing only.
