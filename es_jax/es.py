@@ -29,18 +29,6 @@ class ESState(NamedTuple):
   count: jax.Array  # [] int32
 
 
-def _validate_population(population_size: int, antithetic: bool) -> None:
-  if isinstance(population_size, bool) or not isinstance(population_size, int):
-    raise ValueError(f"population_size={population_size!r} must be a Python int (it is static).")
-  if population_size < 1:
-    raise ValueError(f"population_size={population_size} must be at least 1.")
-  if antithetic and population_size % 2:
-    raise ValueError(
-      f"population_size={population_size} is odd but antithetic=True pairs members (2j, 2j+1): "
-      "use an even population size."
-    )
-
-
 def _matrix_direction(key_of, w_eff, leaf_index, shape, rank):
   """``Σ_j w_j a_j b_j^T / sqrt(r)`` for a matrix leaf, without materialising any ``a_j b_j^T``.
 
@@ -126,7 +114,7 @@ def es_update_direction(
   Returns:
     The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
   """
-  _validate_population(population_size, antithetic)
+  noise_lib.validate_population(population_size, antithetic)
   noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
   w = jnp.asarray(fitness_weights, jnp.float32)
   if w.shape != (population_size,):
@@ -176,12 +164,11 @@ def es_gradient(
       u = -(1/N) Σ_i w_i ε_i,      w = shaping(fitness),
 
   with ``ε_i = noise.member_noise(params, key, i, ...)`` under ``spec`` (for low rank the
-  materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated
-  with. Pass the ``spec`` the population was evaluated with
-  (``population.evaluate_population(spec=)``): that one value is what makes evaluation and update
-  see the same noise. Chained with
-  ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the paper's update with
-  1/σ folded into ``α``. Updates are float32 whatever the params' dtype (and whatever
+  materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated with.
+  Pass the ``spec`` the population was evaluated with (``population.evaluate_population(spec=)``):
+  that one value is what makes evaluation and update see the same noise. Chained with
+  ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the paper's update with 1/σ
+  folded into ``α``. Updates are float32 whatever the params' dtype (and whatever
   ``spec.precision``, which is the members' arithmetic); ``optax.apply_updates`` adds them and
   rounds once to the weight dtype. Non-finite fitness ranks worst (``es_jax.fitness``); non-finite
   weights from a custom shaping are zeroed, so NaN never reaches the parameters.

@@ -130,11 +130,10 @@ def validate_precision(precision: str) -> None:
 class NoiseSpec:
   """The noise of one ES population, shared by its evaluation and its update.
 
-  ``population.evaluate_population`` (and ``population.population_completions``) draw member
-  ``i``'s noise from it and ``es.es_gradient`` regenerates the same noise from it, so building one
-  spec and
-  passing it to both is what keeps evaluation and update in agreement. Frozen and hashable: a
-  static argument of jitted code. Validated once, on construction; errors name the field.
+  ``population.evaluate_population`` (and ``population.population_completions``) draw member ``i``'s
+  noise from it and ``es.es_gradient`` regenerates the same noise from it, so building one spec and
+  passing it to both is what keeps evaluation and update in agreement. Frozen and hashable: a static
+  argument of jitted code. Validated once, on construction; errors name the field.
 
   Args:
     population_size: ``N``, a positive Python int (static).
@@ -157,16 +156,9 @@ class NoiseSpec:
   precision: str = "fp32"
 
   def __post_init__(self):
-    n = self.population_size
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-      raise ValueError(f"population_size={n!r} must be a positive Python int (it is static).")
     if not isinstance(self.antithetic, bool):
       raise ValueError(f"antithetic={self.antithetic!r} must be a bool.")
-    if self.antithetic and n % 2:
-      raise ValueError(
-        f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
-        "use an even population size."
-      )
+    validate_population(self.population_size, self.antithetic)
     validate_noise_options(rank=self.rank, low_rank_vectors=self.low_rank_vectors)
     precision = self.precision
     if precision not in SPEC_PRECISIONS:
@@ -178,6 +170,18 @@ class NoiseSpec:
         f"precision={precision!r} needs materialised weights; low-rank members "
         f"(rank={self.rank}) go through the model hook: use precision='fp32' or rank=None."
       )
+
+
+def validate_population(population_size: int, antithetic: bool) -> None:
+  """Raises ValueError unless ``population_size`` is a positive Python int, even if antithetic."""
+  n = population_size
+  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    raise ValueError(f"population_size={n!r} must be a positive Python int (it is static).")
+  if antithetic and n % 2:
+    raise ValueError(
+      f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
+      "use an even population size."
+    )
 
 
 def as_noise_spec(spec: Any, where: str) -> NoiseSpec:

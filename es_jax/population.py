@@ -153,9 +153,8 @@ def population_completions(
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
   See ``evaluate_population`` for the arguments; inputs are not validated here (``spec`` validated
-  itself
-  on construction; it is a static argument, hashable). ``unroll_layers``: decode
-  over per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
+  itself on construction; it is a static argument, hashable). ``unroll_layers``: decode over
+  per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
   (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
   gets the TPU layout.
   """

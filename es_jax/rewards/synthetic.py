@@ -18,7 +18,7 @@ def char_parity_reward(completion: str, example: dict | None = None) -> float:
 
 
 def char_parity_correct(completion: str, example: dict | None = None) -> bool:
-  """ "Correct" when more than half of the characters are odd: a Pass@k that can vary."""
+  """True when more than half of the characters are odd: a Pass@k that can vary."""
   return char_parity_reward(completion, example) > 0.5
 
 

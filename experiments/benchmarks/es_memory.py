@@ -13,8 +13,8 @@ Each N runs in a fresh subprocess (``--_child N``, same flags), so allocator cac
 programs and the other N's buffers cannot leak into the figure. The child loads the model, then
 runs the step ``population.evaluate_population(members_per_chunk=M)`` followed by the jitted,
 donated ``optax.chain(es_gradient(spec), sgd(α))`` update, twice, reading the kernel's peak
-resident set
-(``VmHWM`` in ``/proc/self/status``; ``ru_maxrss`` where that is missing) around each:
+resident set (``VmHWM`` in ``/proc/self/status``; ``ru_maxrss`` where that is missing) around
+each:
 
 * load: the peak while importing JAX and loading the model (before any step).
 * first step: the peak during the first step, compiles included (the high-water mark is reset by

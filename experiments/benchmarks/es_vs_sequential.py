@@ -9,11 +9,10 @@ Both sides do the same work on the same model and prompts: N members x P prompts
 tokens (EOS disabled, so every row generates exactly T tokens), a host score per member, z-score
 shaping and the update ``θ ← θ + (α/N) Σ_i w_i ε_i`` with ``ε_i`` regenerated from the step key.
 
-* batched (es_jax): ``population.evaluate_population(members_per_chunk=M)`` (one jitted program,
-  M members vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(spec), sgd(α))``
-  update.
-  With the default ``--looped`` the same step with ``M = 1`` is timed too, to separate what the
-  vmap buys from what the single program buys.
+* batched (es_jax): ``population.evaluate_population(members_per_chunk=M)`` (one jitted program, M
+  members vmapped per chunk) followed by one jitted ``optax.chain(es_gradient(spec), sgd(α))``
+  update. With the default ``--looped`` the same step with ``M = 1`` is timed too, to separate what
+  the vmap buys from what the single program buys.
 * sequential (the reference code's scheme, ported as PyTorch's in-place ``add_`` would be): for each
   member ``i`` a jitted ``θ += σ ε_i`` (donated buffers, i.e. in place), ``sampling.generate`` on
   the P prompts, the host score, then a jitted ``θ -= σ ε_i``; the update regenerates every
