@@ -69,7 +69,10 @@ def _restore(ckpt_dir: str, step: int) -> tuple[Any, int]:
 
 
 def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
-  """The params, model, tokenizer, seed, ES settings and global step the study is about."""
+  """The params, model, tokenizer, seed, ES settings and global step the study is about.
+
+  With `diversity.checkpoints` and a checkpoint directory, no params yet: `run` restores each
+  checkpoint in turn (`at_step`)."""
   d = config.diversity
   seed, model_cfg, es_cfg = config.seed, config.model, config.es
   if d.run:
@@ -86,14 +89,14 @@ def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
     if not d.run:
       base.update(source=model_cfg.base_source or "default", path=model_cfg.base_path)
     model, tokenizer = train_lib.load_model(base, seed=seed)
-    params, g = _restore(ckpt_dir, int(d.step))
+    params, g = (None, None) if d.checkpoints else _restore(ckpt_dir, int(d.step))
   else:
     model, tokenizer = train_lib.load_model(model_cfg, seed=seed)
     params, g = models.params(model), 0
   source = dict(
     model_config=model.config, tokenizer=tokenizer, seed=int(seed), es=es_cfg, ckpt_dir=ckpt_dir
   )
-  return at_step(source, params, g, int(d.key_step))
+  return source if params is None else at_step(source, params, g, int(d.key_step))
 
 
 def at_step(source: dict[str, Any], params: Any, g: int, key_step: int = -1) -> dict[str, Any]:
@@ -188,12 +191,10 @@ class Study:
     )
     chunk = int(es.members_per_chunk)
     self.chunk = chunk if self.members % (pop * chunk) == 0 else 1
-    self.rank = int(es.rank) or None
-    self.antithetic, self.low_rank_vectors = bool(es.antithetic), es.low_rank_vectors
     try:  # the sampled population's noise (its log-likelihoods use the same fields)
       self.spec = noise.NoiseSpec(
-        self.members, antithetic=self.antithetic, rank=self.rank,
-        low_rank_vectors=self.low_rank_vectors,
+        self.members, antithetic=bool(es.antithetic), rank=int(es.rank) or None,
+        low_rank_vectors=es.low_rank_vectors,
       )  # fmt: skip
     except ValueError as e:
       raise ValueError(f"config.diversity (population of es + diversity): {e}") from None
@@ -280,9 +281,9 @@ class Study:
           jnp.asarray(full),
           jnp.asarray(full_mask),
           config=self.source["model_config"],
-          rank=self.rank,
-          antithetic=self.antithetic,
-          low_rank_vectors=self.low_rank_vectors,
+          rank=self.spec.rank,
+          antithetic=self.spec.antithetic,
+          low_rank_vectors=self.spec.low_rank_vectors,
           completion_length=t,
         )
       )
@@ -478,10 +479,7 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
       plots.plot_metric_over_steps({"ES": (xs, ys)}, os.path.join(out, f"{name}.png"),
                                    ylabel=ylabel, xlabel="global step", title=ylabel)  # fmt: skip
       lines += ["", f"![{name}]({name}.png)"]
-  path = os.path.join(out, "by_checkpoint.md")
-  with open(path + ".tmp", "w") as fh:
-    fh.write("\n".join(lines) + "\n")
-  os.replace(path + ".tmp", path)
+  eval_results.write_text(os.path.join(out, "by_checkpoint.md"), "\n".join(lines) + "\n")
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -531,7 +529,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     },
   )
   path = os.path.join(out, "table.md")
-  with open(path + ".tmp", "w") as f:
-    f.write(markdown(rows, source, config))
-  os.replace(path + ".tmp", path)
+  eval_results.write_text(path, markdown(rows, source, config))
   return {"report": path, "diversity": {r["kind"]: r["js_succ"] for r in rows}}

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import fitness as fitness_lib
-from es_jax import memory_plan, models, noise, population, sampling
+from es_jax import memory_plan, models, population, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models import hf as hf_lib
 
@@ -294,14 +294,12 @@ class Setup:
         f"config.es.population_size={n} must be divisible by mesh pop={self.pop} x "
         f"es.members_per_chunk={m}"
       )
-    rank = int(c.rank) or None
+    from experiments import es as es_run  # imports the runners' dependencies: only when used
+
+    spec = es_run.noise_spec(c)  # the spec the ES runner evaluates with
+    rank = spec.rank
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
-    # experiments.es.noise_spec's spec ("bf16" is "fp32" arithmetic on bf16 weights).
-    spec = noise.NoiseSpec(
-      n, antithetic=bool(c.antithetic), rank=rank, low_rank_vectors=c.low_rank_vectors,
-      precision="fp32" if c.precision == "bf16" else c.precision,
-    )  # fmt: skip
     kw = dict(
       config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, max_new_tokens=T,
       eos_ids=(cfg.vocab_size - 1,), pad_id=0, use_top_p=float(c.top_p) < 1.0,
