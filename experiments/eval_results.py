@@ -162,15 +162,19 @@ def read_timing(out_dir: str) -> dict[str, float]:
   return out
 
 
-def write_json(path: str, obj: Any) -> None:
-  """Writes JSON atomically (temporary file, then rename)."""
+def write_text(path: str, text: str) -> None:
+  """Writes `text` atomically (temporary file, fsync, then rename): a reader never sees half."""
   tmp = f"{path}.tmp{os.getpid()}"
   with open(tmp, "w") as f:
-    json.dump(obj, f, indent=2, sort_keys=False)
-    f.write("\n")
+    f.write(text)
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+
+
+def write_json(path: str, obj: Any) -> None:
+  """Writes JSON atomically (`write_text`)."""
+  write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 
 def usable_ks(ks: Sequence[int], n: int) -> list[int]:
@@ -287,10 +291,7 @@ def write_report(summaries: Mapping[str, Mapping[str, Any]], out_dir: str) -> di
   }
   tasks = {name: dict(s) for name, s in summaries.items()}
   write_json(paths["table_json"], {"tasks": tasks, "macro": macro_row})
-  tmp = paths["table_md"] + f".tmp{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(markdown_table(summaries, macro_row))
-  os.replace(tmp, paths["table_md"])
+  write_text(paths["table_md"], markdown_table(summaries, macro_row))
   curves = {
     name: (s["pass_at_k_curve"]["k"], s["pass_at_k_curve"]["value"]) for name, s in tasks.items()
   }

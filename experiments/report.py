@@ -540,9 +540,7 @@ def build(
   if notes:
     text += ["## Not available", "", *[f"- {n}" for n in dict.fromkeys(notes)], ""]
   path = os.path.join(out, "report.md")
-  with open(path + ".tmp", "w") as f:
-    f.write("\n".join(text))
-  os.replace(path + ".tmp", path)
+  eval_results.write_text(path, "\n".join(text))
   keep = ("greedy", "pass@", "maj@", "mean_entropy", "num_problems", "num_samples", "mean_length")
   summary = {
     r.name: {
