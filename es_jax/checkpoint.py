@@ -184,7 +184,8 @@ def _tree_manifest(tree: Any) -> dict[str, dict[str, Any]]:
       if not isinstance(leaf, np.ndarray | np.generic | int | float | bool):
         continue
       leaf = np.asarray(leaf)
-      if leaf.dtype.kind not in "biufc":
+      # Numbers only; ml_dtypes' bfloat16 / float8 numpy arrays have kind "V" but are floats.
+      if leaf.dtype.kind not in "biufc" and not jnp.issubdtype(leaf.dtype, jnp.floating):
         continue
     named.append((_path_name(path), leaf))
   if not named:

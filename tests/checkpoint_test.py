@@ -410,3 +410,6 @@ def test_tree_digest_ignores_sharding_and_sees_one_bit():
   flipped = {**tree, "a": jax.lax.bitcast_convert_type(bits, jnp.float32)}
   assert checkpoint.tree_digest(flipped) != digest
   assert checkpoint.tree_digest({**tree, "b": {"c": jnp.ones(3)}}) != digest  # dtype counts
+  # numpy leaves count the same as jax ones, bfloat16 (an ml_dtypes type, kind "V") included
+  host = jax.tree.map(np.asarray, tree)
+  assert host["b"]["c"].dtype.kind == "V" and checkpoint.tree_digest(host) == digest
