@@ -115,7 +115,6 @@ def es_update_direction(
     The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
   """
   noise_lib.validate_population(population_size, antithetic)
-  noise_lib.validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
   w = jnp.asarray(fitness_weights, jnp.float32)
   if w.shape != (population_size,):
     raise ValueError(
@@ -130,22 +129,17 @@ def es_update_direction(
   def key_of(j):
     return noise_lib.member_key(step_key, j)
 
-  # The leaf order and the matrix/vector rule of noise.sample_noise: the evaluation noise.
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  # The walk the evaluation noise was drawn with: same leaf order, same matrix/vector rule.
+  plan, _, treedef = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
   inv_n = jnp.float32(1.0 / population_size)
   out = []
-  for l, (path, p) in enumerate(paths_leaves):
-    shape = tuple(jnp.shape(p))
-    kind = noise_lib.noise_kind(
-      shape, rank=rank, low_rank_vectors=low_rank_vectors,
-      is_matrix=noise_lib.is_matrix_leaf(path, shape),
-    )  # fmt: skip
-    if kind == "low_rank":
-      d = _matrix_direction(key_of, w_eff, l, shape, rank)
-    elif kind == "frozen":
-      d = jnp.zeros(shape, jnp.float32)
+  for leaf in plan:
+    if leaf.kind == "low_rank":
+      d = _matrix_direction(key_of, w_eff, leaf.index, leaf.shape, rank)
+    elif leaf.kind == "frozen":
+      d = jnp.zeros(leaf.shape, jnp.float32)
     else:
-      d = _dense_direction(key_of, w_eff, l, shape, sharded)
+      d = _dense_direction(key_of, w_eff, leaf.index, leaf.shape, sharded)
     out.append(d * inv_n)
   return treedef.unflatten(out)
 

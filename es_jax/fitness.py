@@ -14,6 +14,7 @@ Conventions shared by all shapings:
 """
 
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -151,6 +152,18 @@ def get_shaping(name: str):
   return SHAPINGS[name]
 
 
+def is_per_prompt(shaping: str | Callable[[jax.Array], jax.Array]) -> bool:
+  """Whether ``shaping`` takes ``[N, P]`` per-prompt rewards (``PER_PROMPT_SHAPINGS``) rather
+  than ``[N]`` fitness (the other names, and callables)."""
+  return isinstance(shaping, str) and shaping in PER_PROMPT_SHAPINGS
+
+
+def shaping_input(shaping: str | Callable[[jax.Array], jax.Array], fitness: Any, rewards: Any):
+  """What ``shaping`` is given: the ``[N, P]`` per-prompt ``rewards`` if ``is_per_prompt``, else
+  the ``[N]`` ``fitness`` (the per-member mean reward)."""
+  return rewards if is_per_prompt(shaping) else fitness
+
+
 def validate_shaping(shaping: str | Callable[[jax.Array], jax.Array]) -> None:
   """Raises ValueError unless ``shaping`` is a known name or a callable."""
   if not callable(shaping):
@@ -177,7 +190,7 @@ def shape_fitness(
   """
   validate_shaping(shaping)
   shape_fn = shaping if callable(shaping) else get_shaping(shaping)
-  per_prompt = isinstance(shaping, str) and shaping in PER_PROMPT_SHAPINGS
+  per_prompt = is_per_prompt(shaping)
   r = jnp.asarray(fitness)
   expected = f"({population_size}, P)" if per_prompt else f"({population_size},)"
   if r.shape[:1] != (population_size,) or r.ndim != (2 if per_prompt else 1):

@@ -21,18 +21,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from es_jax import fitness
+from es_jax import _checks, fitness
 
 STD_MODES = ("population", "unbiased", None)
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
-
-
-def _concrete_float(x: Any) -> float | None:
-  """float(x) when x is a concrete scalar, None when it is traced (no check is possible then)."""
-  try:
-    return float(x)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    return None
 
 
 def group_advantages(
@@ -79,7 +71,7 @@ def group_advantages(
     )
   if std not in STD_MODES:
     raise ValueError(f"std={std!r} is not one of {STD_MODES}.")
-  eps_value = _concrete_float(eps)
+  eps_value = _checks.concrete_float(eps)
   if eps_value is not None and not eps_value >= 0.0:
     raise ValueError(f"eps={eps_value} must be >= 0 (it is added to the group std).")
 
@@ -223,7 +215,7 @@ def grpo_loss(
     )
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
-  beta_value = _concrete_float(beta)
+  beta_value = _checks.concrete_float(beta)
   if beta_value is not None and not beta_value >= 0.0:
     raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
   if ref_logp is None and beta_value != 0.0:
@@ -232,7 +224,7 @@ def grpo_loss(
       f"ref_logp is None but {beta_is}; pass the reference log-probabilities, or beta=0.0 as a "
       "Python float (not a traced argument) to train without the KL term."
     )
-  eps_low_value, eps_high_value = _concrete_float(eps_low), _concrete_float(eps_high)
+  eps_low_value, eps_high_value = _checks.concrete_float(eps_low), _checks.concrete_float(eps_high)
   if eps_low_value is not None and not 0.0 <= eps_low_value < 1.0:
     raise ValueError(f"eps_low={eps_low_value} must be in [0, 1) (ratio clipped at 1 - eps_low).")
   if eps_high_value is not None and not eps_high_value >= 0.0:
@@ -330,7 +322,7 @@ def token_logprobs_from_logits(
     )
   if chunk_size is not None and chunk_size < 1:
     raise ValueError(f"chunk_size={chunk_size} must be a positive int, or None for no chunking.")
-  temperature_value = _concrete_float(temperature)
+  temperature_value = _checks.concrete_float(temperature)
   if temperature_value is not None and not temperature_value > 0.0:
     raise ValueError(
       f"temperature={temperature_value} must be > 0; greedy decoding has no log-probabilities, "

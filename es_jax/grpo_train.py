@@ -36,7 +36,8 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from es_jax.grpo import AGGREGATIONS, _concrete_float, grpo_loss
+from es_jax import _checks
+from es_jax.grpo import AGGREGATIONS, grpo_loss
 from es_jax.grpo_rollout import (  # noqa: F401  (re-exported: one import for a GRPO loop)
   GRPOBatch,
   _check_divisible,
@@ -235,9 +236,8 @@ def update_step(
       )
   if not 1 <= batch.completion_length < length:
     raise ValueError(f"batch.completion_length={batch.completion_length} not in [1, S={length}).")
-  for name, value in (("mini_batch_size", mini_batch_size), ("micro_batch_size", micro_batch_size)):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-      raise ValueError(f"{name}={value!r} must be a positive Python int (it is static).")
+  _checks.positive_int(mini_batch_size, "mini_batch_size")
+  _checks.positive_int(micro_batch_size, "micro_batch_size")
   devices = 1 if mesh is None else mesh.shape[data_axis]
   _check_divisible(rows, "batch rows B", mini_batch_size, "mini_batch_size")
   _check_divisible(
@@ -245,7 +245,7 @@ def update_step(
   )
   if aggregation not in AGGREGATIONS:
     raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
-  beta_value, lo, hi = (_concrete_float(x) for x in (beta, eps_low, eps_high))
+  beta_value, lo, hi = (_checks.concrete_float(x) for x in (beta, eps_low, eps_high))
   if beta_value is not None and not beta_value >= 0.0:
     raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
   if lo is not None and not 0.0 <= lo < 1.0:

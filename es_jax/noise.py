@@ -37,8 +37,12 @@ tensors, stacked on a leading ``L`` axis) has one stack axis, so it is a matrix 
 ``ndim >= 3`` (``layers/wq [L, m, n]``), and ``layers/attn_norm [L, D]`` or a bias
 ``layers/bq [L, n]`` is a stack of vectors. Any other leaf is a matrix iff ``ndim >= 2``
 (``embed [V, D]``, ``lm_head [D, V]``, or ``w [m, n]`` of a generic pytree; ``final_norm [D]``
-is a vector). Every consumer (sampling, perturbation, the update in ``es_jax.es``, the model hook
-in ``es_jax.population``) uses this one rule, so evaluation and update noise agree.
+is a vector). ``leaf_plan`` is the one walk over the leaves that applies this rule; every consumer
+(sampling, perturbation, the update in ``es_jax.es``, the model hook in ``es_jax.population``)
+iterates it, so evaluation and update noise agree. ``STACKED_PREFIXES`` is the layout convention
+of es_jax parameter pytrees (``es_jax.models.transformer`` stacks its layers under ``"layers"``);
+which matrices the model's low-rank hook takes is declared by the model
+(``transformer.is_hook_leaf``).
 
 Antithetic sampling (``antithetic=True``): member ``i`` uses the noise of pair ``j = i // 2``, drawn
 from ``member_key(step_key, j)``, with sign ``+1`` for even ``i`` and ``-1`` for odd ``i``.
@@ -56,6 +60,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import threefry2x32_p
+
+from es_jax import _checks
 
 PRECISIONS = ("fp32", "bf16_faithful")
 # Member arithmetic a NoiseSpec may ask for: PRECISIONS, or "reference" (members perturbed as
@@ -94,6 +100,11 @@ def _key_name(k: Any) -> Any:
   return k
 
 
+def is_stacked_leaf(path: Sequence[Any]) -> bool:
+  """Whether a leaf carries one leading layer axis: it sits under a key in ``STACKED_PREFIXES``."""
+  return len(path) > 0 and _key_name(path[0]) in STACKED_PREFIXES
+
+
 def is_matrix_leaf(path: Sequence[Any], shape: Sequence[int]) -> bool:
   """Whether a leaf gets low-rank (matrix) noise; the one rule every consumer shares.
 
@@ -106,8 +117,47 @@ def is_matrix_leaf(path: Sequence[Any], shape: Sequence[int]) -> bool:
     For a leaf under a top-level key in ``STACKED_PREFIXES`` (one leading layer axis):
     ``ndim >= 3``. For any other leaf: ``ndim >= 2``.
   """
-  stacked = len(path) > 0 and _key_name(path[0]) in STACKED_PREFIXES
-  return len(shape) >= (3 if stacked else 2)
+  return len(shape) >= (3 if is_stacked_leaf(path) else 2)
+
+
+class Leaf(NamedTuple):
+  """One parameter leaf as the noise sees it (an entry of ``leaf_plan``)."""
+
+  index: int  # position in the stable leaf order: its noise key is leaf_key(member_key, index)
+  names: tuple[Any, ...]  # the path as plain names, e.g. ("layers", "wq")
+  shape: tuple[int, ...]
+  kind: str  # "dense", "low_rank" or "frozen" (noise_kind)
+
+
+def leaf_plan(
+  params: Any, *, rank: int | None = None, low_rank_vectors: str = "full"
+) -> tuple[list[Leaf], list[Any], Any]:
+  """The one walk over the parameter leaves: which leaf is which, and what noise each gets.
+
+  Sampling (``sample_noise``), perturbation (``perturb``), the update
+  (``es.es_update_direction``) and the model's low-rank hook (``population.low_rank_member``)
+  all iterate this plan, so they agree on the leaf order and on the matrix/vector rule
+  (``is_matrix_leaf``).
+
+  Args:
+    params: parameter pytree (dict, ``nnx.State``, ...; only leaf shapes are read).
+    rank: None (full rank: every leaf ``"dense"``) or the EGGROLL rank.
+    low_rank_vectors: in low rank, ``"full"`` (``"dense"``) or ``"frozen"`` for vector leaves.
+
+  Returns:
+    ``(plan, values, treedef)``: a ``Leaf`` per leaf in the stable order, the leaves themselves
+    in that order, and the treedef that rebuilds a pytree like ``params`` from such a list.
+  """
+  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  plan = []
+  for l, (path, x) in enumerate(paths_leaves):
+    shape = tuple(int(d) for d in jnp.shape(x))
+    kind = noise_kind(
+      shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix_leaf(path, shape)
+    )
+    plan.append(Leaf(l, tuple(_key_name(k) for k in path), shape, kind))
+  return plan, [x for _, x in paths_leaves], treedef
 
 
 def validate_noise_options(*, rank: int | None, low_rank_vectors: str) -> None:
@@ -174,9 +224,7 @@ class NoiseSpec:
 
 def validate_population(population_size: int, antithetic: bool) -> None:
   """Raises ValueError unless ``population_size`` is a positive Python int, even if antithetic."""
-  n = population_size
-  if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-    raise ValueError(f"population_size={n!r} must be a positive Python int (it is static).")
+  n = _checks.positive_int(population_size, "population_size")
   if antithetic and n % 2:
     raise ValueError(
       f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
@@ -406,22 +454,15 @@ def sample_noise(
   Returns:
     A pytree with the structure of ``params`` whose leaves are arrays or ``LowRankNoise``.
   """
-  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  noise = []
-  for l, (path, x) in enumerate(paths_leaves):
-    shape = jnp.shape(x)
-    noise.append(
-      leaf_noise(
-        key,
-        l,
-        shape,
-        rank=rank,
-        low_rank_vectors=low_rank_vectors,
-        is_matrix=is_matrix_leaf(path, shape),
-      )
-    )
-  return treedef.unflatten(noise)
+  plan, _, treedef = leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
+  return treedef.unflatten([_plan_noise(key, leaf, rank) for leaf in plan])
+
+
+def _plan_noise(key: jax.Array, leaf: Leaf, rank: int | None) -> jax.Array | LowRankNoise:
+  """``leaf_noise`` for an entry of ``leaf_plan`` (its kind already decided)."""
+  if leaf.kind == "frozen":
+    return jnp.zeros(leaf.shape, jnp.float32)
+  return leaf_noise(key, leaf.index, leaf.shape, rank=rank, is_matrix=leaf.kind == "low_rank")
 
 
 def scale_noise(noise: Any, scale: float | jax.Array) -> Any:
@@ -545,29 +586,23 @@ def perturb(
   models, tests and references; large models consume ``LowRankNoise`` inside the forward pass
   instead. Equal to ``apply_noise(params, sample_noise(...), sigma)``; see it for ``precision``.
   """
-  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
   validate_precision(precision)
   sigma = jnp.asarray(sigma, jnp.float32)
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  plan, values, treedef = leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
   out = []
-  for l, (path, p) in enumerate(paths_leaves):
+  for leaf, p in zip(plan, values, strict=True):
     p = jnp.asarray(p)
-    is_matrix = is_matrix_leaf(path, p.shape)
-    kind = noise_kind(p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
-    if kind == "dense" and sharded:  # drawn in the leaf's layout: each device its shard
-      out.append(_add_leaf(p, leaf_normal(leaf_key(key, l), p.shape), sigma, precision))
-    elif kind == "dense":  # drawn and added one block at a time
-      key_leaf = leaf_key(key, l)
+    key_leaf = leaf_key(key, leaf.index)
+    if leaf.kind == "dense" and sharded:  # drawn in the leaf's layout: each device its shard
+      out.append(_add_leaf(p, leaf_normal(key_leaf, p.shape), sigma, precision))
+    elif leaf.kind == "dense":  # drawn and added one block at a time
       flat = map_noise_blocks(
         p.reshape(-1),
         lambda b, v, k=key_leaf: _add_leaf(v, block_normal(k, b, v.shape[0]), sigma, precision),
       )
       out.append(flat.reshape(p.shape))
     else:
-      e = leaf_noise(
-        key, l, p.shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix
-      )
-      out.append(_add_leaf(p, materialize(e), sigma, precision))
+      out.append(_add_leaf(p, materialize(_plan_noise(key, leaf, rank)), sigma, precision))
   return treedef.unflatten(out)
 
 

@@ -43,11 +43,11 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
+from es_jax import _checks, reference_arithmetic, sampling
 from es_jax import noise as noise_lib
-from es_jax import reference_arithmetic, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import LAYER_MATRICES, cast_params, unstack_layers
+from es_jax.models.transformer import cast_params, is_hook_leaf, unstack_layers
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], Any]
 
@@ -67,19 +67,21 @@ class PopulationStats(NamedTuple):
   completions: sampling.Completions  # numpy, [n, P, T] (lengths [n, P]).
 
 
-def _is_hook_leaf(path: tuple[Any, ...], shape: tuple[int, ...]) -> bool:
-  """Whether the model's low-rank hook (``forward(deltas=...)``) handles this parameter.
+def _hooked(leaf: noise_lib.Leaf) -> bool:
+  """Whether the model's low-rank hook (``forward(deltas=...)``) takes this leaf's noise: a
+  low-rank matrix (``noise.leaf_plan``) that the model declares (``transformer.is_hook_leaf``).
+  Vectors (norms, biases, stacked or not) never are: their noise is added to the weights."""
+  return leaf.kind == "low_rank" and is_hook_leaf(leaf.names)
 
-  Hook leaves are the matrices (``noise.is_matrix_leaf``, the rule the noise is drawn with) that
-  the hook knows: ``embed``, ``lm_head`` and ``layers/{LAYER_MATRICES}``. Vectors (norms, biases,
-  stacked or not) are never hook leaves: their noise is added to the weights.
-  """
-  if not noise_lib.is_matrix_leaf(path, shape):
-    return False
-  keys = tuple(getattr(k, "key", k) for k in path)
-  if keys in (("embed",), ("lm_head",)):
-    return True
-  return len(keys) == 2 and keys[0] == "layers" and keys[1] in LAYER_MATRICES
+
+def member_owned_leaves(
+  params: Any, *, rank: int | None, low_rank_vectors: str = "full"
+) -> list[bool]:
+  """Per leaf (stable order): whether each member holds its own copy of it. All leaves in full
+  rank; in low rank all but the hook matrices, which stay shared and unbatched (``x @ W`` is one
+  matmul for a whole chunk of members)."""
+  plan, _, _ = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
+  return [not _hooked(leaf) for leaf in plan]
 
 
 def low_rank_member(
@@ -104,21 +106,19 @@ def low_rank_member(
     params, step_key, i, antithetic=antithetic, rank=rank, low_rank_vectors=low_rank_vectors
   )
   sigma = jnp.asarray(sigma, jnp.float32)
+  plan, values, treedef = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
   deltas: dict[str, Any] = {"layers": {}}
-
-  def leaf(path, p, e):
-    if _is_hook_leaf(path, jnp.shape(p)):
-      assert isinstance(e, noise_lib.LowRankNoise), (path, type(e))  # same rule as the noise
-      keys = tuple(getattr(k, "key", k) for k in path)
-      if keys[0] == "layers":
-        deltas["layers"][keys[1]] = e
+  out = []
+  for leaf, p, e in zip(plan, values, treedef.flatten_up_to(nz), strict=True):
+    if _hooked(leaf):
+      if leaf.names[0] == "layers":
+        deltas["layers"][leaf.names[1]] = e
       else:
-        deltas[keys[0]] = e
-      return p
-    return noise_lib.apply_noise(p, e, sigma)
-
-  params_i = jax.tree_util.tree_map_with_path(leaf, params, nz)
-  return params_i, deltas, sigma / jnp.float32(math.sqrt(rank))
+        deltas[leaf.names[0]] = e
+      out.append(p)
+    else:
+      out.append(noise_lib.apply_noise(p, e, sigma))
+  return treedef.unflatten(out), deltas, sigma / jnp.float32(math.sqrt(rank))
 
 
 @functools.partial(
@@ -172,11 +172,8 @@ def population_completions(
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
     members = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
 
-    paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-    base = [x for _, x in paths_leaves]
-    # Leaves each member owns: all (full rank) or the non-hook ones (low rank; hook matrices
-    # stay shared and unbatched, so x @ W is one matmul for the whole chunk).
-    own = [rank is None or not _is_hook_leaf(path, jnp.shape(x)) for path, x in paths_leaves]
+    base, treedef = jax.tree_util.tree_flatten(params)
+    own = member_owned_leaves(params, rank=rank, low_rank_vectors=spec.low_rank_vectors)
 
     def member_inputs(i):
       if rank is None:
@@ -347,9 +344,7 @@ def evaluate_population(
   """
   spec = noise_lib.as_noise_spec(spec, "population.evaluate_population")
   population_size = spec.population_size
-  v = members_per_chunk
-  if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-    raise ValueError(f"members_per_chunk={v!r} must be a positive Python int (it is static).")
+  _checks.positive_int(members_per_chunk, "members_per_chunk")
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   if population_size % (n_dev * members_per_chunk):
     raise ValueError(
@@ -357,16 +352,12 @@ def evaluate_population(
       f"({n_dev} devices) x members_per_chunk={members_per_chunk} = "
       f"{n_dev * members_per_chunk}: change one of them."
     )
-  try:
-    sigma_value = float(sigma)
-  except (TypeError, jax.errors.ConcretizationTypeError):
-    sigma_value = None
+  sigma_value = _checks.concrete_float(sigma)
   if sigma_value is not None and not sigma_value > 0:
     raise ValueError(f"sigma={sigma!r} must be > 0.")
   if float(temperature) > 0 and sample_key is None:
     raise ValueError(f"temperature={temperature} samples tokens: pass sample_key=.")
-  if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens={max_new_tokens!r} must be a positive int.")
+  _checks.positive_int(max_new_tokens, "max_new_tokens")
   prompt_ids = np.asarray(prompt_ids, np.int32)
   prompt_mask = np.asarray(prompt_mask, bool)
   if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:

@@ -45,9 +45,7 @@ def _round(x: jax.Array, dtype: Any) -> jax.Array:
 
 
 def _tensor_shape(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
-  top = path[0] if path else None
-  name = getattr(top, "key", getattr(top, "name", None))
-  return tuple(shape[1:]) if name in noise_lib.STACKED_PREFIXES else tuple(shape)
+  return tuple(shape[1:]) if noise_lib.is_stacked_leaf(path) else tuple(shape)
 
 
 def tensor_noise(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:

@@ -25,6 +25,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from es_jax import _checks
+
 AXES = ("pop", "model")
 
 # Environment variables that announce a multi-process launch. jax.distributed.initialize()
@@ -48,8 +50,7 @@ def make_mesh(
     A ``jax.sharding.Mesh`` of shape ``(pop, model)``.
   """
   devices = list(jax.devices() if devices is None else devices)
-  if isinstance(model, bool) or not isinstance(model, int) or model < 1:
-    raise ValueError(f"make_mesh: model={model!r} must be a positive int.")
+  _checks.positive_int(model, "make_mesh: model", static=False)
   if len(devices) % model and pop is None:
     raise ValueError(
       f"make_mesh: model={model} does not divide the {len(devices)} devices: pass pop= "
@@ -57,8 +58,7 @@ def make_mesh(
     )
   if pop is None:
     pop = len(devices) // model
-  if isinstance(pop, bool) or not isinstance(pop, int) or pop < 1:
-    raise ValueError(f"make_mesh: pop={pop!r} must be a positive int.")
+  _checks.positive_int(pop, "make_mesh: pop", static=False)
   if pop * model > len(devices):
     raise ValueError(
       f"make_mesh: pop={pop} x model={model} = {pop * model} devices, but only "

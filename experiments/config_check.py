@@ -178,7 +178,7 @@ def task_name(x: Any) -> str | None:
 @functools.cache
 def schema() -> dict[str, Rule]:
   """Dotted field -> rule, for every field of `experiments.configs.base.base_config`."""
-  # Imported here: these modules import this one (through train_lib).
+  # Imported here: these modules import this one (through run_context).
   from es_jax import fitness, metrics, models
   from es_jax import grpo as grpo_lib
   from experiments import demo, diversity, es, evaluate, grpo, sequential
@@ -435,3 +435,26 @@ def user_errors(what: str):
     raise
   except (ValueError, OSError) as e:
     raise ConfigError(f"{what}: {e}") from e
+
+
+def check(cond: bool, field: str, value: Any, need: str) -> None:
+  """Raises ConfigError (a ValueError) naming the config field when `cond` is false."""
+  if not cond:
+    raise fail(field, value, need)
+
+
+def positive_int(value: Any, field: str) -> int:
+  check(
+    isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+    field,
+    value,
+    "need an int >= 1",
+  )
+  return int(value)
+
+
+def positive_finite(value: Any, field: str) -> float:
+  """`value` as a float, or ValueError naming `field` unless it is a finite number > 0."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  check(ok and math.isfinite(value) and value > 0, field, value, "need a finite number > 0")
+  return float(value)

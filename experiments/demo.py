@@ -27,7 +27,7 @@ from typing import Any
 import ml_collections
 
 from es_jax import checkpoint
-from experiments import config_check, es, grpo, report, sequential, train_lib
+from experiments import config_check, es, grpo, report, run_context, sequential, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -74,12 +74,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)  # demo.runs among them
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
-    train_lib.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
+    config_check.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
   with checkpoint.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
     base_dir = os.path.join(workdir, "base")
     if _table(base_dir) is None:
       log.info("demo: evaluating the base model into %s", base_dir)
-      result = train_lib.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
+      result = train_loop.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
       if result.get("stopped"):
         return {"stopped": True}
     for name in names:
@@ -88,13 +88,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if os.path.exists(os.path.join(sub_dir, "DONE")):
         log.info("demo: %s already finished in %s", name, sub_dir)
         continue
-      if train_lib.preempted():
+      if run_context.preempted():
         return {"stopped": True}
       log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
       result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    if train_lib.preempted():
+    if run_context.preempted():
       return {"stopped": True}
     return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 

@@ -47,7 +47,7 @@ import numpy as np
 from es_jax import grpo, metrics, models, noise, population, rewards, sampling, sharding
 from es_jax.checkpoint import Checkpointer
 from es_jax.models.transformer import forward, positions_from_mask
-from experiments import config_check, eval_results, plots, sparsity, train_lib
+from experiments import config_check, eval_results, model_io, plots, run_context, run_data, sparsity
 
 log = logging.getLogger(__name__)
 KINDS = {"es": "ES population", "group": "GRPO group (one policy)", "control": "ES at σ = 0"}
@@ -77,7 +77,9 @@ def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
   seed, model_cfg, es_cfg = config.seed, config.model, config.es
   if d.run:
     path = os.path.join(d.run, "config.json")
-    train_lib.check(os.path.exists(path), "diversity.run", d.run, "need a run dir with config.json")
+    config_check.check(
+      os.path.exists(path), "diversity.run", d.run, "need a run dir with config.json"
+    )
     with open(path) as f:
       saved = ml_collections.ConfigDict(json.load(f))
     seed, model_cfg, es_cfg = saved.seed, saved.model, saved.es
@@ -88,10 +90,10 @@ def load_population_source(config: ml_collections.ConfigDict) -> dict[str, Any]:
     base = dict(model_cfg)
     if not d.run:
       base.update(source=model_cfg.base_source or "default", path=model_cfg.base_path)
-    model, tokenizer = train_lib.load_model(base, seed=seed)
+    model, tokenizer = model_io.load_model(base, seed=seed)
     params, g = (None, None) if d.checkpoints else _restore(ckpt_dir, int(d.step))
   else:
-    model, tokenizer = train_lib.load_model(model_cfg, seed=seed)
+    model, tokenizer = model_io.load_model(model_cfg, seed=seed)
     params, g = models.params(model), 0
   source = dict(
     model_config=model.config, tokenizer=tokenizer, seed=int(seed), es=es_cfg, ckpt_dir=ckpt_dir
@@ -106,7 +108,7 @@ def at_step(source: dict[str, Any], params: Any, g: int, key_step: int = -1) -> 
     **source,
     "params": params,
     "global_step": g_key,
-    "step_key": jax.random.fold_in(train_lib.run_keys(source["seed"])["noise"], g_key),
+    "step_key": jax.random.fold_in(run_data.run_keys(source["seed"])["noise"], g_key),
   }
 
 
@@ -168,22 +170,22 @@ class Study:
 
   def __init__(self, config: ml_collections.ConfigDict, source: dict[str, Any]):
     d, es = config.diversity, source["es"]
-    self.n = train_lib.positive_int(d.num_samples, "diversity.num_samples")
+    self.n = config_check.positive_int(d.num_samples, "diversity.num_samples")
     self.members = int(d.population_size or es.population_size)
-    train_lib.positive_int(self.members, "diversity.population_size")
+    config_check.positive_int(self.members, "diversity.population_size")
     self.sigma = float(d.sigma or es.sigma)
-    train_lib.check(self.sigma > 0, "diversity.sigma", d.sigma, "need > 0 (0 = es.sigma)")
+    config_check.check(self.sigma > 0, "diversity.sigma", d.sigma, "need > 0 (0 = es.sigma)")
     self.temperature = float(d.temperature)
-    train_lib.check(
+    config_check.check(
       self.temperature > 0,
       "diversity.temperature",
       d.temperature,
       "need > 0: p_i and JS_pol need sampled responses",
     )
     # The population is split over the mesh's 'pop' axis as in training (experiments.es).
-    self.mesh = train_lib.make_mesh(config)
+    self.mesh = run_context.make_mesh(config)
     pop = self.mesh.shape["pop"]
-    train_lib.check(
+    config_check.check(
       self.members % pop == 0,
       "diversity.population_size",
       self.members,
@@ -201,8 +203,10 @@ class Study:
     self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
     self.config = config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
-    self.max_new_tokens = train_lib.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
-    self.eos_ids, self.pad_id = train_lib.eos_ids(self.tokenizer), train_lib.pad_id(self.tokenizer)
+    self.max_new_tokens = config_check.positive_int(
+      config.eval.max_new_tokens, "eval.max_new_tokens"
+    )
+    self.eos_ids, self.pad_id = run_data.eos_ids(self.tokenizer), run_data.pad_id(self.tokenizer)
 
   def completions(self, kind: str, ids: np.ndarray, mask: np.ndarray, key: jax.Array):
     """tokens and mask [N, R, T] of every member on prompt rows ids/mask [R, S]."""
@@ -295,11 +299,11 @@ class Study:
   def measure(self, kind: str, examples: list[dict], key: jax.Array) -> dict[str, Any]:
     """Counts, JS_succ, union and JS_pol of population `kind` on `examples`."""
     d = self.config.diversity
-    per_call = train_lib.positive_int(d.prompts_per_call, "diversity.prompts_per_call")
+    per_call = config_check.positive_int(d.prompts_per_call, "diversity.prompts_per_call")
     pol_prompts = min(int(d.pol_prompts), len(examples))
     pol_samples = min(int(d.pol_samples), self.n)
     counts, first_draw, pol = [], [], []
-    all_ids, all_mask = train_lib.encode_examples(self.tokenizer, examples)  # one prompt length
+    all_ids, all_mask = run_data.encode_examples(self.tokenizer, examples)  # one prompt length
     per_call = min(per_call, len(examples))
     for b, start in enumerate(range(0, len(examples), per_call)):
       block = examples[start : start + per_call]
@@ -488,21 +492,21 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   d = config.diversity
   kinds = [k.strip() for k in str(d.kinds).split(",") if k.strip()]
   for k in kinds:
-    train_lib.check(k in KINDS, "diversity.kinds", d.kinds, f"each one of {tuple(KINDS)}")
-  train_lib.check(
+    config_check.check(k in KINDS, "diversity.kinds", d.kinds, f"each one of {tuple(KINDS)}")
+  config_check.check(
     d.correction in metrics.JS_CORRECTIONS,
     "diversity.correction",
     d.correction,
     f"use one of {metrics.JS_CORRECTIONS}",
   )
   source = load_population_source(config)
-  limit = train_lib.positive_int(d.limit, "diversity.limit")
-  examples = list(train_lib.load_examples(config.eval, "eval", limit=limit))
-  key = jax.random.fold_in(train_lib.run_keys(config.seed)["eval"], 0x5D1)
+  limit = config_check.positive_int(d.limit, "diversity.limit")
+  examples = list(run_data.load_examples(config.eval, "eval", limit=limit))
+  key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0x5D1)
   out = os.path.join(workdir, "diversity")
   os.makedirs(out, exist_ok=True)
   if d.checkpoints:
-    train_lib.check(
+    config_check.check(
       source["ckpt_dir"] is not None,
       "diversity.checkpoints",
       d.checkpoints,

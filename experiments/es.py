@@ -35,7 +35,7 @@ from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
 from es_jax import metrics, models, noise, population, reference_arithmetic, sharding
 from es_jax.rewards import failure_metrics
-from experiments import train_lib
+from experiments import config_check, run_context, run_data, train_loop
 
 OPTIMIZERS = ("sgd", "adam")
 PRECISIONS = ("fp32", "bf16", "bf16_faithful", "reference")
@@ -80,10 +80,12 @@ def make_optimizer(
     spec: the population's noise spec, the one its evaluation uses; None builds
       ``noise_spec(cfg)``.
   """
-  train_lib.check(cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}")
-  train_lib.positive_finite(cfg.learning_rate, "es.learning_rate")
-  train_lib.positive_finite(cfg.sigma, "es.sigma")
-  train_lib.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
+  config_check.check(
+    cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}"
+  )
+  config_check.positive_finite(cfg.learning_rate, "es.learning_rate")
+  config_check.positive_finite(cfg.sigma, "es.sigma")
+  config_check.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
   spec = noise_spec(cfg) if spec is None else spec
   try:
     grad = es_lib.es_gradient(spec, shaping=cfg.shaping, sharded=sharded)
@@ -137,7 +139,7 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
   }
 
 
-def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.StageResult:
+def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_loop.StageResult:
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
@@ -153,12 +155,12 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     cfg.precision,
   )
   state = {"params": params, "opt_state": optimizer.init(params)}
-  loop = train_lib.Loop(ctx, stage, state)
+  loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():
     g = stage.offset + step - 1  # the global index of this step's inputs
     step_key = jax.random.fold_in(ctx.keys["noise"], g)
-    examples, ids, mask = train_lib.step_batch(ctx, g)
+    examples, ids, mask = run_data.step_batch(ctx, g)
     try:
       fitness, stats = population.evaluate_population(
         state["params"],
@@ -181,7 +183,7 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
       )
     except ValueError as e:
       raise ValueError(f"config.es: {e}") from None
-    shaped = stats.rewards if cfg.shaping in fitness_lib.PER_PROMPT_SHAPINGS else fitness
+    shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
     if cfg.precision == "reference":
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
       state = _reference_apply(state, shaped, step_key, sigma, alpha, shaping=cfg.shaping)
@@ -195,9 +197,9 @@ def train(ctx: train_lib.Context, params, stage: train_lib.Stage) -> train_lib.S
     values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
     loop.end_step(step, state, values, params=state["params"])
   finished = loop.close()
-  return train_lib.StageResult(state["params"], finished)
+  return train_loop.StageResult(state["params"], finished)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """An ES run: `config.es.num_steps` steps from the base model, then evaluation and export."""
-  return train_lib.run_single(config, workdir, "es", train)
+  return train_loop.run_single(config, workdir, "es", train)

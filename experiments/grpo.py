@@ -23,7 +23,7 @@ import numpy as np
 
 from es_jax import grpo_train
 from es_jax.rewards import failure_metrics
-from experiments import train_lib
+from experiments import config_check, run_context, run_data, train_loop
 
 ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
 MASTER_DTYPES = ("float32", "")
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict):
-  train_lib.positive_finite(cfg.learning_rate, "grpo.learning_rate")
+  config_check.positive_finite(cfg.learning_rate, "grpo.learning_rate")
   try:
     return grpo_train.make_optimizer(
       float(cfg.learning_rate),
@@ -43,8 +43,8 @@ def make_optimizer(cfg: ml_collections.ConfigDict):
 
 
 def train(
-  ctx: train_lib.Context, params, stage: train_lib.Stage, ref_params=None
-) -> train_lib.StageResult:
+  ctx: run_context.Context, params, stage: train_loop.Stage, ref_params=None
+) -> train_loop.StageResult:
   """Runs (or resumes) one GRPO stage from `params`; returns the final params.
 
   `ref_params` is the KL reference π_ref (default: the base model, ctx.base_params).
@@ -63,11 +63,11 @@ def train(
   if ref_params is None:
     ref_params = ctx.base_params
   ref_params = ref_params if float(cfg.beta) > 0 else None
-  loop = train_lib.Loop(ctx, stage, state)
+  loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():
     g = stage.offset + step - 1
-    examples, ids, mask = train_lib.step_batch(ctx, g)
+    examples, ids, mask = run_data.step_batch(ctx, g)
     try:
       completions, batch = grpo_train.rollout(
         state.params,
@@ -84,7 +84,7 @@ def train(
         mesh=ctx.mesh,
       )
       rows_examples = [ex for ex in examples for _ in range(group)]
-      host = train_lib.to_host(completions)
+      host = train_loop.to_host(completions)
       rewards = ctx.score(host.tokens, host.mask, rows_examples).reshape(len(examples), group)
       batch, adv_stats = grpo_train.with_advantages(
         batch, rewards, std=ADVANTAGE_STD[cfg.advantage_std]
@@ -125,9 +125,9 @@ def train(
     values["tokens_per_second"] = float(host.lengths.sum()) / max(loop.step_seconds(), 1e-9)
     loop.end_step(step, state, values, params=state.params)
   finished = loop.close()
-  return train_lib.StageResult(state.params, finished)
+  return train_loop.StageResult(state.params, finished)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """A GRPO run: `config.grpo.num_steps` steps from the base model, then evaluation and export."""
-  return train_lib.run_single(config, workdir, "grpo", train)
+  return train_loop.run_single(config, workdir, "grpo", train)

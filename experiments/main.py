@@ -166,10 +166,10 @@ def dry_run(config, workdir: str) -> dict:
   """Loads what the config names (model, training pool, evaluation sets, reward); trains nothing."""
   import jax
 
-  from experiments import train_lib
+  from experiments import run_context
 
   t0 = time.perf_counter()
-  ctx = train_lib.make_context(config, workdir)
+  ctx = run_context.make_context(config, workdir)
   n_params = sum(int(x.size) for x in jax.tree.leaves(ctx.base_params))
   summary = {
     "dry_run": True,

@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import config_check, es, plots, train_lib
+from experiments import config_check, es, plots
 from experiments.logger import read_metrics
 
 
@@ -29,7 +29,7 @@ def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
     sizes = sorted({int(s) for s in raw.split(",") if s.strip()})
   except ValueError:
     sizes = []
-  train_lib.check(
+  config_check.check(
     bool(sizes) and sizes[0] >= 2,
     "population_sweep.sizes",
     raw,
@@ -41,7 +41,7 @@ def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)
   sweep = config.population_sweep
-  window = train_lib.positive_int(sweep.window, "population_sweep.window")
+  window = config_check.positive_int(sweep.window, "population_sweep.window")
   curves, final = {}, {}
   for n in sizes_of(config):
     sub = ml_collections.ConfigDict(config.to_dict())

@@ -7,7 +7,7 @@
 rest for the second stage, which starts from the first stage's final params. Each stage keeps its
 own checkpoints (workdir/stage1_<method>/, workdir/stage2_<method>/); metrics go to one
 metrics.jsonl with global steps (stage two continues the count) and a `stage` column. The data
-stream continues across the boundary (experiments.train_lib). A resumed run whose first stage is
+stream continues across the boundary (experiments.run_data). A resumed run whose first stage is
 finished restores that stage's final checkpoint and runs none of its steps again. A SIGTERM at
 any moment (during stage one's last step included) saves and ends the run before stage two or the
 final evaluation start; rerunning continues.
@@ -25,7 +25,7 @@ from typing import Any
 import ml_collections
 
 from es_jax import checkpoint
-from experiments import es, grpo, train_lib
+from experiments import config_check, es, grpo, run_context, run_data, train_loop
 
 TRAINERS = {"es": es.train, "grpo": grpo.train}
 ORDERS = {"grpo_es": ("grpo", "es"), "es_grpo": ("es", "grpo")}
@@ -33,8 +33,8 @@ ORDERS = {"grpo_es": ("grpo", "es"), "es_grpo": ("es", "grpo")}
 
 def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
   """(first, second) stage steps; each at least 1."""
-  train_lib.check(total >= 2, "sequential.total_steps", total, "need >= 2 (two stages)")
-  train_lib.check(
+  config_check.check(total >= 2, "sequential.total_steps", total, "need >= 2 (two stages)")
+  config_check.check(
     0.0 < first_fraction < 1.0,
     "sequential.first_fraction",
     first_fraction,
@@ -44,17 +44,19 @@ def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
   return first, total - first
 
 
-def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_lib.Stage]:
+def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_loop.Stage]:
   """The two stages of the schedule `config.sequential` names."""
   seq = config.sequential
-  train_lib.check(seq.order in ORDERS, "sequential.order", seq.order, f"use one of {tuple(ORDERS)}")
-  total = train_lib.positive_int(seq.total_steps, "sequential.total_steps")
+  config_check.check(
+    seq.order in ORDERS, "sequential.order", seq.order, f"use one of {tuple(ORDERS)}"
+  )
+  total = config_check.positive_int(seq.total_steps, "sequential.total_steps")
   n1, n2 = split_budget(total, float(seq.first_fraction))
   (m1, m2) = ORDERS[seq.order]
-  first_samples = n1 * train_lib.samples_per_step(config, m1)
+  first_samples = n1 * run_data.samples_per_step(config, m1)
   return [
-    train_lib.Stage(m1, n1, os.path.join(workdir, f"stage1_{m1}", "checkpoints"), 0, f"1_{m1}"),
-    train_lib.Stage(
+    train_loop.Stage(m1, n1, os.path.join(workdir, f"stage1_{m1}", "checkpoints"), 0, f"1_{m1}"),
+    train_loop.Stage(
       m2, n2, os.path.join(workdir, f"stage2_{m2}", "checkpoints"), n1, f"2_{m2}", first_samples
     ),
   ]
@@ -66,10 +68,10 @@ KL_REFERENCES = ("base", "stage1")
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Both stages, then the final evaluation and export of the second stage's params."""
   reference = config.sequential.kl_reference
-  train_lib.check(reference in KL_REFERENCES, "sequential.kl_reference", reference,
+  config_check.check(reference in KL_REFERENCES, "sequential.kl_reference", reference,
                   f"use one of {KL_REFERENCES}")  # fmt: skip
   with checkpoint.sigterm_scope():  # one flag for both stages and the final evaluation
-    ctx = train_lib.make_context(config, workdir)
+    ctx = run_context.make_context(config, workdir)
     params = ctx.base_params
     for i, stage in enumerate(stages(config, ctx.workdir)):
       extra = {}
@@ -77,6 +79,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         extra["ref_params"] = params  # ES→GRPO: the KL anchors to the ES stage's output
       result = TRAINERS[stage.name](ctx, params, stage, **extra)
       if not result.finished:  # SIGTERM, even during its last step: stage two is not started
-        return train_lib.finish(ctx, result.params, stopped=True)
+        return train_loop.finish(ctx, result.params, stopped=True)
       params = result.params
-    return train_lib.finish(ctx, params, stopped=False)
+    return train_loop.finish(ctx, params, stopped=False)

@@ -30,7 +30,7 @@ import numpy as np
 
 from es_jax import metrics, models
 from es_jax.models.transformer import check_param_shapes
-from experiments import config_check, evaluate, plots, train_lib
+from experiments import config_check, evaluate, model_io, plots, run_context, run_data
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def checkpoint_dir_of(path: str) -> str:
 
 def load_tuned(path: str, model_config: models.ModelConfig) -> Any:
   """Tuned params from an HF directory, a run directory or a checkpoint directory."""
-  train_lib.check(
+  config_check.check(
     bool(path) and os.path.exists(path),
     "sparsity.tuned",
     path,
@@ -94,13 +94,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)
   cfg = config.sparsity
   taus = [float(t) for t in cfg.taus]
-  train_lib.check(
+  config_check.check(
     bool(taus) and all(t > 0 for t in taus), "sparsity.taus", cfg.taus, "need thresholds > 0"
   )
-  model, tokenizer = train_lib.load_model(config.model, seed=config.seed)
+  model, tokenizer = model_io.load_model(config.model, seed=config.seed)
   base = models.params(model)
   tuned = jax.tree.map(jnp.asarray, load_tuned(cfg.tuned, model.config))
-  evaluator = train_lib.Evaluator(config, tokenizer, train_lib.run_keys(config.seed))
+  evaluator = run_context.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
   delta = jax.tree.map(lambda t, b: t.astype(jnp.float32) - b.astype(jnp.float32), tuned, base)
 
   def evaluate_params(params, name):

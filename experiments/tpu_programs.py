@@ -325,8 +325,7 @@ class Setup:
           low_rank_vectors=c.low_rank_vectors),
         base,
       )  # fmt: skip
-      paths = jax.tree_util.tree_flatten_with_path(base)[0]
-      own = [not population._is_hook_leaf(path, x.shape) for path, x in paths]
+      own = population.member_owned_leaves(base, rank=rank, low_rank_vectors=c.low_rank_vectors)
       leaves = [
         _sds((m, *x.shape), x.dtype, mesh) if o else b
         for x, b, o in zip(jax.tree.leaves(p_i), jax.tree.leaves(base), own, strict=True)
@@ -358,11 +357,8 @@ class Setup:
       "opt_state": like_params(jax.eval_shape(optimizer.init, params), mesh),
     }
     n = int(c.population_size)
-    shape = (
-      (n, int(self.config.data.prompts_per_step))
-      if c.shaping in fitness_lib.PER_PROMPT_SHAPINGS
-      else (n,)
-    )
+    per_prompt = fitness_lib.is_per_prompt(c.shaping)
+    shape = (n, int(self.config.data.prompts_per_step)) if per_prompt else (n,)
     lowered = es_run._apply.lower(
       state, _sds(shape, jnp.float32, mesh), _key(mesh), optimizer=optimizer
     )

@@ -10,7 +10,7 @@ import sys
 import ml_collections
 import pytest
 
-from experiments import config_check, main, train_lib
+from experiments import config_check, main, model_io, run_context
 from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 
@@ -89,10 +89,10 @@ def test_make_context_validates_before_loading(monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError("the model was loaded before the config was checked")
 
-  monkeypatch.setattr(train_lib, "load_model", no_loading)
+  monkeypatch.setattr(model_io, "load_model", no_loading)
   config = _with(demo_config.get_config("smoke"), method="es", es__shaping="bogus")
   with pytest.raises(config_check.ConfigError, match=r"config\.es\.shaping='bogus'"):
-    train_lib.make_context(config, "/nonexistent/workdir")
+    run_context.make_context(config, "/nonexistent/workdir")
 
 
 def test_unknown_key_names_the_dotted_key_and_close_matches():
@@ -170,7 +170,7 @@ def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
     cfg = dataclasses.replace(models.get_config(model_config.preset), vocab_size=256)
     return models.Transformer(cfg, rngs=nnx.Rngs(seed)), tiny_tokenizer()
 
-  monkeypatch.setattr(train_lib, "load_model", tiny_model)
+  monkeypatch.setattr(model_io, "load_model", tiny_model)
   workdir = tmp_path / "run"
   summary = main.dry_run(_with(demo_config.get_config("smoke"), method="es"), str(workdir))
   assert loaded == ["tiny-llama"] and summary["dry_run"] is True

@@ -557,7 +557,7 @@ def test_countdown_integer_beyond_int64_is_a_bad_field(tmp_path):
 
 
 def test_on_bad_row_from_the_config_section(tmp_path):
-  from experiments import train_lib
+  from experiments import run_data
 
   write(tmp_path / "src/test.jsonl", jsonl([GSM8K_ROWS[0], {"question": "q"}, GSM8K_ROWS[1]]))
   section = {
@@ -570,7 +570,7 @@ def test_on_bad_row_from_the_config_section(tmp_path):
   from experiments import config_check
 
   with pytest.raises(config_check.ConfigError, match=r"config\.data: .*line 2") as raised:
-    train_lib.load_examples(section, "data")
+    run_data.load_examples(section, "data")
   assert isinstance(raised.value.__cause__, data.BadRowError)
-  examples = train_lib.load_examples({**section, "on_bad_row": "skip"}, "data")
+  examples = run_data.load_examples({**section, "on_bad_row": "skip"}, "data")
   assert len(examples) == 2 and examples.num_skipped == 1

@@ -147,14 +147,14 @@ def test_diversity_over_checkpoints(tmp_path, monkeypatch):
   key, with the centre policy's Pass@n gain over the first checkpoint, a table and the PNGs."""
   from es_jax import models
   from es_jax.checkpoint import Checkpointer
-  from experiments import diversity, train_lib
+  from experiments import diversity, model_io
   from experiments.configs import demo
 
   c = ConfigDict(demo.get_config("smoke").to_dict())
   c.method, c.progress = "diversity", False
   c.diversity.update(kinds="es,group", checkpoints=True, run=str(tmp_path / "run"), pol_samples=1)
   c.lock()
-  model, _ = train_lib.load_model(c.model, seed=c.seed)
+  model, _ = model_io.load_model(c.model, seed=c.seed)
   params = models.params(model)
   moved = jax.tree.map(lambda x: x + 0.5 * jax.numpy.ones_like(x), params)
   os.makedirs(tmp_path / "run")

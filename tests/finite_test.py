@@ -11,7 +11,7 @@ from run_configs import smoke_config
 
 from es_jax import grpo as grpo_lib
 from es_jax.checkpoint import Checkpointer
-from experiments import es, grpo, train_lib
+from experiments import es, grpo, run_data, train_loop
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -34,7 +34,7 @@ def test_group_advantages_rank_non_finite_rewards_worst():
 
 
 def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatch):
-  real = train_lib.make_scorer
+  real = run_data.make_scorer
 
   def nan_first_row(tokenizer, reward):
     score = real(tokenizer, reward)
@@ -46,7 +46,7 @@ def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatc
 
     return wrapped
 
-  monkeypatch.setattr(train_lib, "make_scorer", nan_first_row)
+  monkeypatch.setattr(run_data, "make_scorer", nan_first_row)
   config = _config(method="grpo", grpo__num_steps=1)
   grpo.run(config, str(tmp_path))
   rows = [r for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl")) if r["step"] == 1]
@@ -74,7 +74,7 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
 
   monkeypatch.setattr(es, "_apply", poison_step_two)
   config = _config(method="es", es__num_steps=2, checkpoint__every=1)
-  with pytest.raises(train_lib.NonFiniteParamsError, match=r"es: the update of step 2"):
+  with pytest.raises(train_loop.NonFiniteParamsError, match=r"es: the update of step 2"):
     es.run(config, str(tmp_path))
   ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   assert ckpt.all_steps() == [1]

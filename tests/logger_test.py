@@ -256,7 +256,7 @@ def cli_logging(request):
 
 @pytest.mark.parametrize("cli_logging", [0, 1], indirect=True, ids=["default", "verbosity1"])
 def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplog, cli_logging):
-  from experiments import train_lib
+  from experiments import train_loop
   from experiments.configs import demo
 
   config = ml_collections.ConfigDict(demo.get_config("smoke").to_dict())
@@ -265,13 +265,13 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
   ctx = types.SimpleNamespace(
     config=config, workdir=str(tmp_path), base_params=None, data_sources={}
   )
-  stage = train_lib.Stage("es", 2, str(tmp_path / "checkpoints"))
+  stage = train_loop.Stage("es", 2, str(tmp_path / "checkpoints"))
   state = {"w": jnp.zeros(3)}
-  loop = train_lib.Loop(ctx, stage, state)
+  loop = train_loop.Loop(ctx, stage, state)
   for step in loop.steps():
     loop.end_step(step, state, {"train/reward": 0.5 * step})
   loop.close()
-  lines = [r.getMessage() for r in caplog.records if r.name == "experiments.train_lib"]
+  lines = [r.getMessage() for r in caplog.records if r.name == "experiments.train_loop"]
   steps = [m for m in lines if " step " in m]
   assert len(steps) == 2, lines
   assert steps[0].startswith("es step 1/2 | train/reward 0.5000 |") and "ETA" in steps[0]

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from es_jax import memory_plan, models
-from experiments import tpu_programs, train_lib
+from experiments import run_context, tpu_programs
 
 CONFIG = "experiments/configs/gsm8k_easy.py"
 # (topology, preset, program, overrides, compiled temp bytes, compiled total bytes): per chip,
@@ -93,11 +93,11 @@ def test_runner_refuses_a_config_that_cannot_fit_on_tpu():
   cfg = models.get_config(_15)
   config = _easy("--config.es.members_per_chunk=4")
   with pytest.raises(ValueError, match=r"es_population .*TPU v5e has 16\.0 GiB.*es\.members_per"):
-    train_lib.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice()])
+    run_context.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice()])
   # The runtime's own limit wins over the published size.
   with pytest.raises(ValueError, match=r"has 8\.0 GiB"):
-    train_lib.check_memory(_easy(), cfg, _Mesh(), devices=[_FakeDevice(limit=8 * _G)])
-  train_lib.check_memory(_easy(), cfg, _Mesh(), devices=[_FakeDevice(device_kind="TPU v6 lite")])
+    run_context.check_memory(_easy(), cfg, _Mesh(), devices=[_FakeDevice(limit=8 * _G)])
+  run_context.check_memory(_easy(), cfg, _Mesh(), devices=[_FakeDevice(device_kind="TPU v6 lite")])
 
 
 def test_the_paper_grpo_meshes_pass_the_check_and_the_refused_one_is_refused():
@@ -109,21 +109,21 @@ def test_the_paper_grpo_meshes_pass_the_check_and_the_refused_one_is_refused():
   class M4:
     shape = {"pop": 2, "model": 4}
 
-  train_lib.check_memory(_easy("--config.method=grpo", *_M4), cfg, M4(), devices=v6e)
+  run_context.check_memory(_easy("--config.method=grpo", *_M4), cfg, M4(), devices=v6e)
   with pytest.raises(ValueError, match=r"grpo_update .*TPU v6e has 32\.0 GiB"):
-    train_lib.check_memory(_easy("--config.method=grpo"), cfg, _Mesh(), devices=v6e)
+    run_context.check_memory(_easy("--config.method=grpo"), cfg, _Mesh(), devices=v6e)
   hard = tpu_programs.load_config(_HARD, ["--config.method=grpo"])
   v5p = [_FakeDevice(device_kind="TPU v5p")]
-  train_lib.check_memory(hard, models.get_config(_R1), _Mesh(), devices=v5p)
+  run_context.check_memory(hard, models.get_config(_R1), _Mesh(), devices=v5p)
 
 
 def test_memory_check_is_skipped_off_tpu_or_when_disabled():
   cfg = models.get_config(_15)
   config = _easy("--config.es.members_per_chunk=4")
-  train_lib.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice(platform="cpu")])
-  train_lib.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice(device_kind="TPU v99")])
+  run_context.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice(platform="cpu")])
+  run_context.check_memory(config, cfg, _Mesh(), devices=[_FakeDevice(device_kind="TPU v99")])
   off = _easy("--config.es.members_per_chunk=4", "--config.mesh.check_memory=False")
-  train_lib.check_memory(off, cfg, _Mesh(), devices=[_FakeDevice()])
+  run_context.check_memory(off, cfg, _Mesh(), devices=[_FakeDevice()])
 
 
 def test_chip_for_device_kinds():

@@ -283,6 +283,32 @@ def test_is_matrix_leaf_is_path_aware():
     noise.leaf_noise(jax.random.key(0), 0, (8,), rank=2, is_matrix=True)
 
 
+def test_leaf_plan_is_the_walk_every_consumer_shares():
+  from es_jax.models.transformer import is_hook_leaf
+
+  params = _model_params()  # tiny-qwen2: stacked layers with qkv biases
+  values = jax.tree.leaves(params)
+  full, got, _ = noise.leaf_plan(params)
+  assert [leaf.index for leaf in full] == list(range(len(values)))
+  assert all(leaf.kind == "dense" for leaf in full) and len(got) == len(values)
+  kinds = {leaf.names: leaf.kind for leaf in noise.leaf_plan(params, rank=2)[0]}
+  frozen = {
+    leaf.names: leaf.kind for leaf in noise.leaf_plan(params, rank=2, low_rank_vectors="frozen")[0]
+  }
+  for name in STACKED_MATRICES:
+    assert kinds["layers", name] == frozen["layers", name] == "low_rank"
+    assert is_hook_leaf(("layers", name))
+  for name in STACKED_VECTORS:
+    assert (kinds["layers", name], frozen["layers", name]) == ("dense", "frozen")
+    assert not is_hook_leaf(("layers", name))
+  assert kinds["embed",] == "low_rank" and kinds["final_norm",] == "dense"
+  # Each plan entry's noise is the leaf's noise in sample_noise (same index, same kind).
+  key = jax.random.key(3)
+  low = jax.tree.leaves(noise.sample_noise(params, key, rank=2), is_leaf=noise._is_low_rank)
+  for leaf, e in zip(noise.leaf_plan(params, rank=2)[0], low, strict=True):
+    assert isinstance(e, noise.LowRankNoise) == (leaf.kind == "low_rank"), leaf.names
+
+
 def test_low_rank_on_model_params_stacked_vectors_are_vectors(key):
   # tiny-qwen2: L = 2, D = 64, q = 64, kv = 32, F = 128, V = 256, qkv biases, tied head.
   params = _model_params()

@@ -10,7 +10,7 @@ from ml_collections import ConfigDict
 
 from es_jax import models
 from es_jax.checkpoint import Checkpointer
-from experiments import train_lib
+from experiments import model_io
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -68,7 +68,7 @@ def assert_trained(workdir, params, dtype=None):
   rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
   spread = [r.get("fitness/std", r.get("reward/std", 0.0)) for r in rows if r["step"] > 0]
   assert spread and max(spread) > 0, "rewards never varied"
-  model, _ = train_lib.load_model(smoke_config(demo_config).model, seed=0)
+  model, _ = model_io.load_model(smoke_config(demo_config).model, seed=0)
   base = models.params(model) if dtype is None else models.cast_params(models.params(model), dtype)
   base = {"/".join(map(str, k)): np.asarray(v) for k, v in leaves(base)}
   assert set(base) == set(params)

@@ -18,7 +18,7 @@ from run_configs import (
 
 from es_jax import checkpoint
 from es_jax.checkpoint import Checkpointer
-from experiments import demo, es, grpo, sequential, train_lib
+from experiments import demo, es, grpo, run_context, run_data, sequential
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
@@ -45,7 +45,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert {r["stage"] for r in rows} == {f"1_{m1}", f"2_{m2}"}
     # train/samples: cumulative completions, continued by the second stage.
     n1, n2 = sequential.split_budget(config.sequential.total_steps, 0.5)
-    per_step = [train_lib.samples_per_step(config, m) for m in (m1, m2)]
+    per_step = [run_data.samples_per_step(config, m) for m in (m1, m2)]
     total = n1 * per_step[0] + n2 * per_step[1]
     samples = [r["train/samples"] for r in rows if "train/samples" in r]
     assert samples == sorted(set(samples)) and samples[-1] == total
@@ -116,7 +116,7 @@ def test_paper_config_smoke(tmp_path, module, method):
   assert result["stopped"] is False
   assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
   table = json.load(open(tmp_path / "run" / "eval" / "table.json"))
-  main_label = train_lib.task_label(config.eval.task)
+  main_label = run_context.task_label(config.eval.task)
   assert set(table["tasks"]) == {main_label, "held_out"}
   assert table["tasks"]["held_out"]["num_problems"] == 2
   per_task = [table["tasks"][t]["pass@1"] for t in table["tasks"]]
@@ -125,7 +125,7 @@ def test_paper_config_smoke(tmp_path, module, method):
 
 def test_extra_eval_tasks_bad_entries_name_the_field():
   ev = _config(demo_config).eval
-  specs = train_lib.extra_eval_tasks(
+  specs = run_context.extra_eval_tasks(
     {**ev, "extra_tasks": ("reasoning_gym/chain_sum",), "limit": 3}, taken=set()
   )
   assert [(s.label, s.task, len(s.examples)) for s in specs] == [
@@ -138,21 +138,21 @@ def test_extra_eval_tasks_bad_entries_name_the_field():
     ((3,), r"eval.extra_tasks\[0\]"),
   ):
     with pytest.raises(ValueError, match=field):
-      train_lib.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
-  main = {train_lib.task_label(ev.task)}
+      run_context.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
+  main = {run_context.task_label(ev.task)}
   with pytest.raises(ValueError, match=r"extra_tasks\[0\].label"):  # clashes with the main task
-    train_lib.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
+    run_context.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
 
 
 def test_batch_indices_cover_each_epoch_once():
   n, p = 10, 4
   seen = np.concatenate(
-    [train_lib.batch_indices(n, step=s, batch=p, seed=3, shuffle=True) for s in range(5)]
+    [run_data.batch_indices(n, step=s, batch=p, seed=3, shuffle=True) for s in range(5)]
   )  # 20 positions = 2 epochs
   assert sorted(seen[:10]) == list(range(10)) and sorted(seen[10:]) == list(range(10))
-  again = train_lib.batch_indices(n, step=2, batch=p, seed=3, shuffle=True)
+  again = run_data.batch_indices(n, step=2, batch=p, seed=3, shuffle=True)
   np.testing.assert_array_equal(again, seen[8:12])
-  assert list(train_lib.batch_indices(n, step=1, batch=p, seed=3, shuffle=False)) == [4, 5, 6, 7]
+  assert list(run_data.batch_indices(n, step=1, batch=p, seed=3, shuffle=False)) == [4, 5, 6, 7]
 
 
 def test_split_budget_and_bad_values():
@@ -223,7 +223,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
   monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "eval:2")
   assert es.run(config, str(tmp_path)) == {"stopped": True}
-  jsonl = tmp_path / "eval" / f"{train_lib.task_label(config.eval.task)}.jsonl"
+  jsonl = tmp_path / "eval" / f"{run_context.task_label(config.eval.task)}.jsonl"
   first = _lines(jsonl)
   assert [r["index"] for r in first] == [0, 1]
   assert not (tmp_path / "eval" / "table.json").exists()
@@ -237,7 +237,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   # Extended to 2 steps: the 1-step model's evaluation is set aside (kept, not reused).
   longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)
   assert es.run(longer, str(tmp_path))["stopped"] is False
-  meta = f"{train_lib.task_label(config.eval.task)}.meta.json"
+  meta = f"{run_context.task_label(config.eval.task)}.meta.json"
   digests = [json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
              for d in ("eval.stale-1", "eval")]  # fmt: skip
   for step, digest in zip((1, 2), digests, strict=True):

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from experiments import sequential, train_lib
+from experiments import run_context, sequential, train_loop
 from experiments.configs import demo
 from tests.run_configs import smoke_config
 
@@ -22,12 +22,12 @@ def recorded(monkeypatch, tmp_path):
     def train(ctx, params, stage, **kw):
       calls.append((name, params, kw.get("ref_params")))
       after[name] = object()
-      return train_lib.StageResult(after[name], True)
+      return train_loop.StageResult(after[name], True)
 
     return train
 
-  monkeypatch.setattr(train_lib, "make_context", make_context)
-  monkeypatch.setattr(train_lib, "finish", lambda ctx, params, stopped: {"params": params})
+  monkeypatch.setattr(run_context, "make_context", make_context)
+  monkeypatch.setattr(train_loop, "finish", lambda ctx, params, stopped: {"params": params})
   monkeypatch.setattr(sequential, "TRAINERS", {"es": trainer("es"), "grpo": trainer("grpo")})
   return calls, base, after
 

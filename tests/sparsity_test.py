@@ -9,7 +9,7 @@ from ml_collections import ConfigDict
 
 from es_jax import models
 from es_jax.checkpoint import Checkpointer
-from experiments import sparsity, train_lib
+from experiments import model_io, sparsity
 from experiments.configs import demo as demo_config
 
 
@@ -19,7 +19,7 @@ def setup(tmp_path_factory):
   c = ConfigDict(demo_config.get_config("smoke").to_dict())
   c.method, c.progress = "sparsity", False
   c.sparsity.taus = (1e-9, 1e-3, 1e9)
-  model, _ = train_lib.load_model(c.model, seed=c.seed)
+  model, _ = model_io.load_model(c.model, seed=c.seed)
   base = models.params(model)
   # embed moves by 5e-4 (reset at τ = 1e-3), everything else by 2e-3 (kept).
   tuned = {

@@ -40,6 +40,19 @@ Params = dict[str, Any]
 LAYER_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
+def is_hook_leaf(names: tuple[Any, ...]) -> bool:
+  """Whether ``forward(deltas=...)`` takes a low-rank delta for the parameter at ``names``.
+
+  ``names`` is the parameter's path as plain keys (``noise.Leaf.names``): ``("embed",)``,
+  ``("lm_head",)`` or ``("layers", m)`` for ``m`` in ``LAYER_MATRICES``. Per-layer tensors are
+  stacked on a leading axis under ``"layers"``, which is how the noise tells a stack of matrices
+  ``[L, m, n]`` from a stack of vectors ``[L, n]`` (``noise.STACKED_PREFIXES``).
+  """
+  if names in (("embed",), ("lm_head",)):
+    return True
+  return len(names) == 2 and names[0] == "layers" and names[1] in LAYER_MATRICES
+
+
 class KVCache(NamedTuple):
   """Functional KV cache. Slots are shared by the batch; left padding keeps rows aligned.
 

@@ -5,7 +5,7 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep |
                diversity | report.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
-  model        where the weights come from (see `experiments.train_lib.load_model`).
+  model        where the weights come from (see `experiments.model_io.load_model`).
   data         the training task: prompts per step, shuffling, reward.
   eval         held-out evaluation: periodic (every `every` steps, a small slice) and final.
   es           ES hyperparameters (docs/method.md §1-2).
@@ -33,7 +33,7 @@ METHODS = {
   "es": "experiments.es:run",
   "grpo": "experiments.grpo:run",
   "sequential": "experiments.sequential:run",
-  "evaluate": "experiments.train_lib:evaluate_run",
+  "evaluate": "experiments.train_loop:evaluate_run",
   "demo": "experiments.demo:run",
   "sparsity": "experiments.sparsity:run",
   "population_sweep": "experiments.population_sweep:run",

@@ -1,0 +1,144 @@
+"""A run's randomness and data: named key streams, the data order, prompt encoding and scoring.
+
+Keys. `run_keys(seed)` splits `jax.random.key(seed)` into named streams, so no two uses share a
+key: `noise` (ES step keys, `fold_in(noise, global_step)`), `sample` (sampled decoding in ES and
+GRPO rollouts, `fold_in(sample, global_step)`), `eval` (every evaluation) and `init` (random
+models). Steps are global (a sequential run counts across stages), so each step's randomness
+depends on nothing but the seed and the step.
+
+Data order. Step s (global) uses examples `order[s·P .. s·P + P)` of an endless stream made of
+one permutation of the pool per epoch (a fixed function of seed and epoch; the file order when
+shuffle is off). The data position of a checkpoint is therefore its step times P; nothing else
+needs saving. A sequential run's second stage continues the stream where the first stopped
+(docs/method.md §4 does not say; this choice reuses no prompt before an epoch ends).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jax
+import ml_collections
+import numpy as np
+
+from es_jax import data, sampling
+from experiments import config_check
+from experiments.config_check import check
+
+if TYPE_CHECKING:  # run_context imports this module
+  from experiments.run_context import Context
+
+KEY_STREAMS = ("noise", "sample", "eval", "init")
+
+
+def run_keys(seed: int) -> dict[str, jax.Array]:
+  """The named key streams of a run (module docstring)."""
+  keys = jax.random.split(jax.random.key(int(seed)), len(KEY_STREAMS))
+  return dict(zip(KEY_STREAMS, keys, strict=True))
+
+
+def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
+  task = section.get("task") or ""
+  check(bool(task), f"{field}.task", task, "name a task (es_jax.data.TASKS or reasoning_gym/...)")
+  task_config = dict(section.get("task_config") or {}) or None
+  return dict(
+    name=task,
+    task_config=task_config,
+    data_dir=section.get("data_dir") or None,
+    source_dir=section.get("source_dir") or None,
+    on_bad_row=section.get("on_bad_row") or "raise",
+  )
+
+
+def load_examples(section: Mapping[str, Any], field: str, *, limit: int | None = None):
+  """The examples of config.data or config.eval (`field` names the section in errors)."""
+  kwargs = _task_kwargs(section, field)
+  split = section.get("split") or ""
+  check(bool(split), f"{field}.split", split, "name a split")
+  limit = section.get("limit") if limit is None else limit
+  with config_check.user_errors(f"config.{field}"):
+    examples = data.load_task(split=split, limit=limit, **kwargs)
+  check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
+  return examples
+
+
+def reward_name(section: Mapping[str, Any]) -> str:
+  return section.get("reward") or section.get("task")
+
+
+def batch_indices(num_examples: int, *, step: int, batch: int, seed: int, shuffle: bool):
+  """Indices into the pool of the `batch` examples of global step `step` (module docstring)."""
+  positions = np.arange(step * batch, (step + 1) * batch, dtype=np.int64)
+  epochs, within = np.divmod(positions, num_examples)
+  out = np.empty(batch, np.int64)
+  for epoch in np.unique(epochs):
+    if shuffle:
+      order = np.random.default_rng([int(seed), int(epoch)]).permutation(num_examples)
+    else:
+      order = np.arange(num_examples)
+    sel = epochs == epoch
+    out[sel] = order[within[sel]]
+  return out
+
+
+def encode_examples(tokenizer, examples: Sequence[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """Chat-formatted, tokenised, left-padded prompts [P, S] (bucketed lengths)."""
+  texts = [data.format_prompt(ex, tokenizer) for ex in examples]
+  return sampling.encode_prompts(tokenizer, texts)
+
+
+def eos_ids(tokenizer) -> tuple[int, ...]:
+  ids = {tokenizer.eos_token_id}
+  return tuple(sorted(i for i in ids if i is not None))
+
+
+def pad_id(tokenizer) -> int:
+  return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+
+
+def make_scorer(
+  tokenizer, reward: Callable[[str, dict], float]
+) -> Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]:
+  """`score(tokens [R, T], mask [R, T], examples [R]) -> rewards [R]` on decoded completions.
+
+  Rewards come from es_jax.rewards (no model output is executed in-process).
+  """
+
+  def score(tokens, mask, examples):
+    tokens, mask = np.asarray(tokens), np.asarray(mask, bool)
+    out = np.empty(len(examples), np.float32)
+    for r, ex in enumerate(examples):
+      text = tokenizer.decode(tokens[r][mask[r]], skip_special_tokens=True)
+      out[r] = reward(text, ex)
+    return out
+
+  return score
+
+
+def examples_source(examples: Sequence[dict]) -> dict[str, Any]:
+  """Where a training or evaluation pool comes from (`TaskExamples.source`), or its length."""
+  return dict(getattr(examples, "source", None) or {"used": len(examples)})
+
+
+def samples_per_step(config: ml_collections.ConfigDict, method: str) -> int:
+  """Completions generated by one training step: N·P for ES, P·G for GRPO (docs/method.md §1, §3).
+
+  Logged cumulatively as `train/samples`, an equal-compute x-axis for ES and GRPO curves.
+  """
+  per_prompt = config.es.population_size if method == "es" else config.grpo.num_generations
+  return int(config.data.prompts_per_step) * int(per_prompt)
+
+
+def step_batch(ctx: Context, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The examples and encoded prompts of a global step."""
+  idx = batch_indices(
+    len(ctx.examples),
+    step=global_step,
+    batch=int(ctx.config.data.prompts_per_step),
+    seed=int(ctx.config.seed),
+    shuffle=bool(ctx.config.data.shuffle),
+  )
+  examples = [ctx.examples[int(i)] for i in idx]
+  ids, mask = encode_examples(ctx.tokenizer, examples)
+  return examples, ids, mask
