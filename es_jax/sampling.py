@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from es_jax import member_axes as axes_lib
+from es_jax import token_sampling
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import (
   Params,
@@ -112,148 +114,6 @@ def default_unroll_layers(mesh_or_devices=None) -> bool:
   return platform == "cpu"
 
 
-def argmax(logits: jax.Array) -> jax.Array:
-  """First index of the maximum over the last axis, as int32 (jnp.argmax when there is no NaN).
-
-  Two plain reductions (max, then the smallest index holding it): on CPU about 4x faster than
-  jnp.argmax's variadic (value, index) reduce over a large vocabulary.
-  """
-  n = logits.shape[-1]
-  top = jnp.max(logits, axis=-1, keepdims=True)
-  iota = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-  return jnp.minimum(jnp.min(jnp.where(logits == top, iota, n), axis=-1), n - 1)
-
-
-def logprob_and_entropy(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """log softmax(logits)[token] and the entropy of softmax(logits), in one pass over the vocab.
-
-  logits [..., V] float32, tokens [...] int -> ([...], [...]). With z = logits - max and
-  s = Σ exp(z): log p(token) = z[token] - log s and H = log s - Σ exp(z) z / s.
-  """
-  z = logits - jnp.max(logits, axis=-1, keepdims=True)
-  e = jnp.exp(z)
-  total = jnp.sum(e, axis=-1)
-  log_total = jnp.log(total)
-  logp = jnp.take_along_axis(z, tokens[..., None], axis=-1)[..., 0] - log_total
-  return logp, log_total - jnp.sum(e * z, axis=-1) / total
-
-
-def _inverse_cdf(weights: jax.Array, u: jax.Array, block: int = 256) -> jax.Array:
-  """Index i drawn with probability weights_i / Σ weights, from one uniform u per row.
-
-  weights [B, V] >= 0, u [B] in [0, 1) -> [B] int32: the first index whose running sum reaches
-  u * Σ weights. Two levels (block sums, then one block) instead of a cumsum over the whole
-  vocabulary, which XLA:CPU runs slowly. The result may hold zero weight after rounding; callers
-  check.
-  """
-  *lead, V = weights.shape
-  n_blocks = -(-V // block)
-  w = jnp.pad(weights, [(0, 0)] * len(lead) + [(0, n_blocks * block - V)])
-  w = w.reshape(*lead, n_blocks, block)
-  block_mass = jnp.sum(w, axis=-1)  # [B, n_blocks]
-  block_end = jnp.cumsum(block_mass, axis=-1)
-  target = u * block_end[..., -1]
-  b = jnp.minimum(jnp.sum(block_end < target[..., None], axis=-1), n_blocks - 1)
-  rest = target - jnp.take_along_axis(block_end - block_mass, b[..., None], axis=-1)[..., 0]
-  row = jnp.take_along_axis(w, b[..., None, None], axis=-2)[..., 0, :]  # [B, block]
-  i = jnp.minimum(jnp.sum(jnp.cumsum(row, axis=-1) < rest[..., None], axis=-1), block - 1)
-  return jnp.minimum(b * block + i, V - 1).astype(jnp.int32)
-
-
-def _nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
-  """The smallest probability kept by top-p: the largest t with Σ_{p_i >= t} p_i >= top_p.
-
-  probs [B, V] >= 0 -> [B]. A bisection over the bit patterns of non-negative float32 (ordered
-  like the values), 30 masked sums over the vocabulary instead of a full sort: the answer is
-  always one of the probabilities, so `probs >= t` is exactly the sorted-prefix nucleus (ties
-  at the boundary are all kept). 0 (keep everything) when even the total misses `top_p`.
-  """
-  lo = jnp.zeros(probs.shape[:-1], jnp.int32)  # bits of 0.0: the condition holds (or we keep all)
-  hi = jnp.full(probs.shape[:-1], 0x3F800001, jnp.int32)  # just above 1.0: it never holds
-
-  def bisect(_, bounds):
-    lo, hi = bounds
-    mid = lo + (hi - lo) // 2
-    t = jax.lax.bitcast_convert_type(mid, jnp.float32)
-    mass = jnp.sum(jnp.where(probs >= t[..., None], probs, 0.0), axis=-1)
-    ok = mass >= top_p
-    return jnp.where(ok, mid, lo), jnp.where(ok, hi, mid)
-
-  lo, _ = jax.lax.fori_loop(0, 30, bisect, (lo, hi))  # 0x3F800001 < 2**30
-  return jax.lax.bitcast_convert_type(lo, jnp.float32)
-
-
-def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
-  """Draws one token per row. logits [B, V] float32 -> [B] int32.
-
-  Greedy where temperature == 0. Otherwise an exact inverse-CDF draw with one uniform per row
-  (much cheaper than `jax.random.categorical`'s Gumbel noise over a large vocabulary). With
-  top-p, the smallest set of most likely tokens whose mass reaches `top_p` is kept (found by
-  bisection on a probability threshold, not a sort of the vocabulary).
-  """
-  greedy = argmax(logits)
-  scaled = logits / jnp.maximum(temperature, 1e-6)
-  u = jax.random.uniform(key, logits.shape[:-1])
-  probs = jax.nn.softmax(scaled, axis=-1)
-  if use_top_p:
-    keep = probs >= _nucleus_threshold(probs, top_p)[..., None]
-    keep = keep | (jnp.arange(logits.shape[-1]) == greedy[..., None])  # at least the top token
-    probs = jnp.where(keep, probs, 0.0)
-  sampled = _inverse_cdf(probs, u)
-  # Guard against rounding landing on a zero-probability token.
-  chosen = jnp.take_along_axis(probs, sampled[..., None], axis=-1)[..., 0]
-  sampled = jnp.where(chosen > 0, sampled, greedy)
-  return jnp.where(temperature > 0, sampled, greedy)
-
-
-def _split_axes(axes):
-  """A (hashable) static form of a vmap in_axes tree whose leaves are 0 or None."""
-  leaves, treedef = jax.tree_util.tree_flatten(axes, is_leaf=lambda a: a is None)
-  return tuple(leaves), treedef
-
-
-def _check_member_axes(name: str, tree, axes, members: int) -> None:
-  """Raises ValueError unless `axes` gives 0 or None for every leaf (or subtree, as a vmap
-  in_axes prefix) of `tree` and every array marked 0 has `members` rows."""
-  if tree is None:
-    return
-  axes_paths, axes_def = jax.tree_util.tree_flatten_with_path(axes, is_leaf=lambda a: a is None)
-  try:
-    subtrees = axes_def.flatten_up_to(tree)
-  except (ValueError, TypeError) as e:
-    raise ValueError(
-      f"generate_members: {name}_axes must mirror {name} with 0 or None per leaf ({e})."
-    ) from None
-  for (path, a), sub in zip(axes_paths, subtrees, strict=True):
-    where = f"{name}{jax.tree_util.keystr(path)}"
-    if a is not None and (isinstance(a, bool) or a != 0):
-      raise ValueError(f"generate_members: {name}_axes at {where} is {a!r}; use 0 or None.")
-    for x in jax.tree.leaves(sub) if a == 0 else ():
-      if jnp.ndim(x) == 0 or jnp.shape(x)[0] != members:
-        raise ValueError(
-          f"generate_members: {where} has shape {jnp.shape(x)} but is marked per member: its "
-          f"leading axis must be the {members} members (len(keys))."
-        )
-
-
-def _unstack_member_layers(tree, axes, num_layers: int):
-  """`unstack_layers` for a tree whose per-member leaves (axes leaf 0) carry a leading member
-  axis before the layer axis; shared leaves (axes leaf None) are sliced on their first axis.
-
-  Returns the unstacked tree and its in_axes tree.
-  """
-  if tree is None or not isinstance(tree.get("layers"), dict):
-    return tree, axes
-  layers, layer_axes = tree["layers"], axes["layers"]
-
-  def layer(i):
-    take = lambda a, x: x[i] if a is None else x[:, i]  # noqa: E731
-    return jax.tree.map(take, layer_axes, layers, is_leaf=lambda a: a is None)
-
-  unstacked = tuple(layer(i) for i in range(num_layers))
-  return {**tree, "layers": unstacked}, {**axes, "layers": (layer_axes,) * num_layers}
-
-
 @functools.partial(
   jax.jit,
   # Static: shapes and the model structure decide the compiled program.
@@ -290,9 +150,10 @@ def _generate(
   """The decode loop of `generate` and, with `member_axes`, of `generate_members`.
 
   Member mode: prompt_ids/prompt_mask are [M, P, S], `key` holds M keys, and `member_axes` is
-  `(_split_axes(params_axes), _split_axes(deltas_axes))`. The loop runs over the M * P rows as
-  one batch (one unbatched while loop: a vmapped loop would carry a per-row predicate and select
-  the whole KV cache every step); only the model call is vmapped over the members.
+  `(split_axes(params_axes), split_axes(deltas_axes))` (es_jax.member_axes). The loop runs over
+  the M * P rows as one batch (one unbatched while loop: a vmapped loop would carry a per-row
+  predicate and select the whole KV cache every step); only the model call is vmapped over the
+  members.
   """
   # Float32 master weights of a bf16 model: one cast before the loop, not one per step in forward.
   params = cast_params(params, config.jnp_dtype)
@@ -341,8 +202,8 @@ def _generate(
       params, deltas = unstack_layers(params), None if deltas is None else unstack_layers(deltas)
     else:
       (params, p_axes), (deltas, d_axes) = (
-        _unstack_member_layers(params, axes[0], config.num_layers),
-        _unstack_member_layers(deltas, axes[1], config.num_layers),
+        axes_lib.unstack_member_layers(params, axes[0], config.num_layers),
+        axes_lib.unstack_member_layers(deltas, axes[1], config.num_layers),
       )
       axes = (p_axes, d_axes)
     params, deltas = jax.lax.optimization_barrier((params, deltas))
@@ -361,9 +222,9 @@ def _generate(
   def pick(t, logits):
     """Step t's tokens from logits [B, V]: each member samples with fold_in(its key, t)."""
     if greedy:
-      return argmax(logits)
+      return token_sampling.argmax(logits)
     sample = functools.partial(
-      sample_token, temperature=temperature, top_p=top_p, use_top_p=use_top_p
+      token_sampling.sample_token, temperature=temperature, top_p=top_p, use_top_p=use_top_p
     )
     if members is None:
       return sample(logits, jax.random.fold_in(key, t))
@@ -374,7 +235,7 @@ def _generate(
     """Picks step t's tokens from logits [B, 1, V] and records them."""
     logits = logits[:, -1]  # [B, V]
     tok = pick(t, logits)
-    logp, ent = logprob_and_entropy(logits, tok)
+    logp, ent = token_sampling.logprob_and_entropy(logits, tok)
     live = ~done
     tok = jnp.where(live, tok, pad_id)
     out = Completions(
@@ -553,7 +414,7 @@ def generate_members(
     raise ValueError(f"generate_members: keys must be [M] (one per member), got {keys.shape}.")
   members = keys.shape[0]
   for name, tree, axes in (("params", params, params_axes), ("deltas", deltas, deltas_axes)):
-    _check_member_axes(name, tree, axes, members)
+    axes_lib.check_member_axes(name, tree, axes, members)
   shape = (members, *prompt_ids.shape)
   return _generate(
     params,
@@ -563,6 +424,6 @@ def generate_members(
     jnp.broadcast_to(prompt_mask, shape),
     keys,
     config=config,
-    member_axes=(_split_axes(params_axes), _split_axes(deltas_axes)),
+    member_axes=(axes_lib.split_axes(params_axes), axes_lib.split_axes(deltas_axes)),
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
   )

@@ -9,15 +9,12 @@ from tiny_models import torch_model
 
 from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
-from es_jax.sampling import (
-  _generate,
+from es_jax.sampling import _generate, generate, generate_members, pad_prompts
+from es_jax.token_sampling import (
   _inverse_cdf,
   _nucleus_threshold,
   argmax,
-  generate,
-  generate_members,
   logprob_and_entropy,
-  pad_prompts,
   sample_token,
 )
 
