@@ -10,6 +10,7 @@ One step (global step g = stage offset + local step s):
   fitness, stats = es_jax.population.evaluate_population(
       θ, prompts(g), step_key=step_key, spec=spec, ...)
   θ, opt_state = optax.chain(es_gradient(spec), sgd(α) | adam(α)) applied with the same step_key
+                                                         # (α traced: UpdateRule)
 
 ``spec = noise_spec(config.es)`` is built once per stage and given to both, so the evaluation and
 the update cannot disagree on the noise.
@@ -21,6 +22,7 @@ for bit (greedy fitness; sampled fitness too, given the same devices).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any
@@ -66,13 +68,35 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
     raise ValueError(f"config.es: {e}") from None
 
 
-def make_optimizer(
+@dataclasses.dataclass(frozen=True)
+class UpdateRule:
+  """The ES update, ``es_gradient(spec)`` then ``sgd(α)`` or ``adam(α)``, as a hashable static
+  argument whose α is a traced value: changing ``es.learning_rate`` does not change the compiled
+  program (a persistent compilation cache is hit across a sweep over α).
+
+  GRPO wraps its optimizer in ``optax.inject_hyperparams`` for this; here α is passed into the
+  jitted step instead, which keeps the optimizer state (and so the checkpoints) as they were:
+  sgd's and adam's states do not depend on the learning rate.
+  """
+
+  spec: noise.NoiseSpec
+  shaping: Any  # a name in es_jax.fitness.SHAPINGS, or a callable
+  sharded: bool
+  optimizer: str  # "sgd" | "adam"
+
+  def __call__(self, learning_rate: float | jax.Array) -> optax.GradientTransformationExtraArgs:
+    grad = es_lib.es_gradient(self.spec, shaping=self.shaping, sharded=self.sharded)
+    step = optax.sgd if self.optimizer == "sgd" else optax.adam
+    return optax.chain(grad, step(learning_rate))
+
+
+def make_update_rule(
   cfg: ml_collections.ConfigDict,
   *,
   sharded: bool = False,
   spec: noise.NoiseSpec | None = None,
-) -> optax.GradientTransformationExtraArgs:
-  """es_gradient followed by sgd(α) (the paper) or adam(α), validated with field names.
+) -> UpdateRule:
+  """The ``UpdateRule`` of ``config.es``, validated with field names.
 
   Args:
     cfg: ``config.es``.
@@ -87,12 +111,24 @@ def make_optimizer(
   config_check.positive_finite(cfg.sigma, "es.sigma")
   config_check.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
   spec = noise_spec(cfg) if spec is None else spec
+  rule = UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
   try:
-    grad = es_lib.es_gradient(spec, shaping=cfg.shaping, sharded=sharded)
+    rule(1.0)  # es_gradient validates the shaping
   except ValueError as e:
     raise ValueError(f"config.es: {e}") from None
-  step = optax.sgd if cfg.optimizer == "sgd" else optax.adam
-  return optax.chain(grad, step(float(cfg.learning_rate)))
+  return rule
+
+
+def make_optimizer(
+  cfg: ml_collections.ConfigDict,
+  *,
+  sharded: bool = False,
+  spec: noise.NoiseSpec | None = None,
+) -> optax.GradientTransformationExtraArgs:
+  """es_gradient followed by sgd(α) (the paper) or adam(α) at ``config.es.learning_rate``: the
+  ``make_update_rule`` chain as one optax transformation."""
+  rule = make_update_rule(cfg, sharded=sharded, spec=spec)
+  return rule(float(cfg.learning_rate))
 
 
 def master_weights(params, precision: str, compute_dtype) -> Any:
@@ -102,9 +138,10 @@ def master_weights(params, precision: str, compute_dtype) -> Any:
   return models.cast_params(params, jnp.float32 if precision == "fp32" else compute_dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("optimizer",), donate_argnums=(0,))
-def _apply(state: dict[str, Any], fitness, step_key, *, optimizer):
+@functools.partial(jax.jit, static_argnames=("rule",), donate_argnums=(0,))
+def _apply(state: dict[str, Any], fitness, step_key, learning_rate, *, rule: UpdateRule):
   params, opt_state = state["params"], state["opt_state"]
+  optimizer = rule(learning_rate)
   updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=step_key)
   return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
 
@@ -143,7 +180,8 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
-  optimizer = make_optimizer(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
+  rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
+  learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
   # Placed once (large matrices split over 'model' when it is > 1): the update keeps the layout.
@@ -154,7 +192,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     jax.tree.leaves(params)[0].dtype,
     cfg.precision,
   )
-  state = {"params": params, "opt_state": optimizer.init(params)}
+  state = {"params": params, "opt_state": rule(learning_rate).init(params)}
   loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():
@@ -188,7 +226,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
       state = _reference_apply(state, shaped, step_key, sigma, alpha, shaping=cfg.shaping)
     else:
-      state = _apply(state, shaped, step_key, optimizer=optimizer)
+      state = _apply(state, shaped, step_key, learning_rate, rule=rule)
     values = step_metrics(fitness, stats)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
     values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))

@@ -350,18 +350,17 @@ class Setup:
     from experiments import es as es_run  # imports the runners' dependencies: only when used
 
     c, mesh = self.config.es, self.mesh
-    optimizer = es_run.make_optimizer(c)
+    rule = es_run.make_update_rule(c)
     params = abstract_params(self.model_config, mesh)
     state = {
       "params": params,
-      "opt_state": like_params(jax.eval_shape(optimizer.init, params), mesh),
+      "opt_state": like_params(jax.eval_shape(rule(float(c.learning_rate)).init, params), mesh),
     }
     n = int(c.population_size)
     per_prompt = fitness_lib.is_per_prompt(c.shaping)
     shape = (n, int(self.config.data.prompts_per_step)) if per_prompt else (n,)
-    lowered = es_run._apply.lower(
-      state, _sds(shape, jnp.float32, mesh), _key(mesh), optimizer=optimizer
-    )
+    fitness, lr = _sds(shape, jnp.float32, mesh), _sds((), jnp.float32, mesh)
+    lowered = es_run._apply.lower(state, fitness, _key(mesh), lr, rule=rule)
     return lowered, None, n
 
   def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p, dtype=None):

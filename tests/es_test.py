@@ -303,7 +303,8 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   base = {"b": jnp.asarray(np.ones(6), jnp.bfloat16), "w": jnp.asarray(w16)}
   cfg = dict(optimizer="sgd", learning_rate=2.5e-3, rank=0, population_size=N, sigma=1.5e-3)
   cfg = ConfigDict(dict(cfg, shaping="zscore", antithetic=False, low_rank_vectors="full"))
-  opt = es_runner.make_optimizer(cfg)
+  rule = es_runner.make_update_rule(cfg)
+  opt = rule(cfg.learning_rate)
   r = jnp.asarray(rng.standard_normal(N), jnp.float32)
   delta = jax.tree.map(lambda d: -cfg.learning_rate * d, _explicit(base, fitness.zscore(r), key))
   exact = jax.tree.map(lambda p, d: np.asarray(p, np.float64) + d, base, delta)
@@ -311,7 +312,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   for mode in es_runner.PRECISIONS:
     master = es_runner.master_weights(jax.tree.map(jnp.copy, base), mode, jnp.bfloat16)
     state = {"params": master, "opt_state": opt.init(master)}
-    got[mode] = es_runner._apply(state, r, key, optimizer=opt)["params"]
+    got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)["params"]
   for name in base:
     np.testing.assert_allclose(got["fp32"][name], exact[name], rtol=0, atol=1e-7)
     assert got["fp32"][name].dtype == jnp.float32
@@ -324,6 +325,20 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   w32 = np.asarray(got["fp32"]["w"])
   assert np.mean(w32 != np.asarray(got["bf16"]["w"], np.float32)) > 0.5
   assert np.mean(np.asarray(got["bf16"]["w"]) == w16) > 0.01
+  # α is traced: another learning rate is the same compiled program, and scales the step.
+  fp32 = jax.tree.map(jnp.copy, {"w": base["w"].astype(jnp.float32)})
+  lowered = [
+    es_runner._apply.lower({"params": fp32, "opt_state": opt.init(fp32)}, r, key, lr, rule=rule)
+    for lr in (2.5e-3, 7.5e-3)
+  ]
+  assert lowered[0].as_text() == lowered[1].as_text()
+
+  def step(lr):
+    state = {"params": jax.tree.map(jnp.copy, fp32), "opt_state": opt.init(fp32)}
+    return es_runner._apply(state, r, key, lr, rule=rule)["params"]["w"] - fp32["w"]
+
+  steps = [step(2.5e-3), step(7.5e-3)]
+  np.testing.assert_allclose(steps[1], 3 * steps[0], rtol=1e-4, atol=1e-9)
 
 
 def test_noise_spec_is_frozen_hashable_and_validated_with_field_names():
