@@ -67,11 +67,15 @@ def pad_prompts(
   return ids, mask
 
 
+def pad_id(tokenizer) -> int:
+  """The token prompts are padded with: the tokenizer's pad token, else 0 (it is masked out)."""
+  return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+
+
 def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
   """Tokenises already-formatted prompt strings and left-pads them (see `pad_prompts`)."""
   ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
-  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-  return pad_prompts(ids, pad_id=pad_id, bucket=bucket)
+  return pad_prompts(ids, pad_id=pad_id(tokenizer), bucket=bucket)
 
 
 # The platform programs are being compiled for, when that is not the host's (`target_platform`).

@@ -206,7 +206,7 @@ class Study:
     self.max_new_tokens = config_check.positive_int(
       config.eval.max_new_tokens, "eval.max_new_tokens"
     )
-    self.eos_ids, self.pad_id = run_data.eos_ids(self.tokenizer), run_data.pad_id(self.tokenizer)
+    self.eos_ids, self.pad_id = run_data.eos_ids(self.tokenizer), sampling.pad_id(self.tokenizer)
 
   def completions(self, kind: str, ids: np.ndarray, mask: np.ndarray, key: jax.Array):
     """tokens and mask [N, R, T] of every member on prompt rows ids/mask [R, S]."""

@@ -46,7 +46,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from es_jax import data, models, rewards
+from es_jax import data, models, rewards, sampling
 from experiments import eval_results, eval_sampler
 from experiments.config_check import ConfigError
 from experiments.logger import format_seconds, progress_marks
@@ -189,7 +189,7 @@ def evaluate_model(
   if eos_ids is None:
     eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
   eos_ids = tuple(int(e) for e in eos_ids)
-  pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
+  pad_id = sampling.pad_id(tokenizer)
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     key_data = np.asarray(jax.random.key_data(key)).reshape(-1).tolist()
   else:

@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from es_jax import checkpoint as checkpoint_lib
-from es_jax import memory_plan, models, rewards
+from es_jax import memory_plan, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from experiments import config_check, evaluate, model_io, run_data
 from experiments.config_check import check, positive_int
@@ -141,7 +141,7 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     evaluator=evaluator,
     mesh=mesh,
     eos_ids=run_data.eos_ids(tokenizer),
-    pad_id=run_data.pad_id(tokenizer),
+    pad_id=sampling.pad_id(tokenizer),
     data_sources=data_sources,
   )
 

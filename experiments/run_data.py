@@ -93,10 +93,6 @@ def eos_ids(tokenizer) -> tuple[int, ...]:
   return tuple(sorted(i for i in ids if i is not None))
 
 
-def pad_id(tokenizer) -> int:
-  return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
-
-
 def make_scorer(
   tokenizer, reward: Callable[[str, dict], float]
 ) -> Callable[[np.ndarray, np.ndarray, Sequence[dict]], np.ndarray]:
