@@ -100,6 +100,12 @@ def _key_name(k: Any) -> Any:
   return k
 
 
+def path_names(path: Sequence[Any]) -> tuple[Any, ...]:
+  """A pytree path (``DictKey``, ``GetAttrKey``, ``SequenceKey`` or plain entries) as plain names,
+  e.g. ``("layers", "wq")``."""
+  return tuple(_key_name(k) for k in path)
+
+
 def is_stacked_leaf(path: Sequence[Any]) -> bool:
   """Whether a leaf carries one leading layer axis: it sits under a key in ``STACKED_PREFIXES``."""
   return len(path) > 0 and _key_name(path[0]) in STACKED_PREFIXES
@@ -156,7 +162,7 @@ def leaf_plan(
     kind = noise_kind(
       shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix_leaf(path, shape)
     )
-    plan.append(Leaf(l, tuple(_key_name(k) for k in path), shape, kind))
+    plan.append(Leaf(l, path_names(path), shape, kind))
   return plan, [x for _, x in paths_leaves], treedef
 
 

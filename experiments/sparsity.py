@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import metrics, models
+from es_jax import metrics, models, noise
 from es_jax.models.transformer import check_param_shapes
 from experiments import config_check, evaluate, model_io, plots, run_context, run_data
 
@@ -64,7 +64,7 @@ def load_tuned(path: str, model_config: models.ModelConfig) -> Any:
 
 
 def _group(path) -> str:
-  keys = [str(getattr(k, "key", k)) for k in path]
+  keys = [str(k) for k in noise.path_names(path)]
   return "/".join(keys[:2]) if keys[0] == "layers" else keys[0]
 
 
