@@ -63,8 +63,8 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
 
   calls = []
 
-  def poison_step_two(state, fitness, step_key, *, optimizer):
-    out = real(state, fitness, step_key, optimizer=optimizer)
+  def poison_step_two(state, fitness, step_key, learning_rate, *, rule):
+    out = real(state, fitness, step_key, learning_rate, rule=rule)
     calls.append(1)
     if len(calls) == 2:  # one NaN in one leaf is enough
       leaves, tree = jax.tree.flatten(out["params"])
