@@ -709,6 +709,15 @@ def active_handler() -> PreemptionHandler | None:
   return _ACTIVE[-1] if _ACTIVE else None
 
 
+def preempted() -> bool:
+  """Whether the run's SIGTERM flag (`sigterm_scope`) is set, on any host.
+
+  False outside a scope. A collective with several processes: call it at the same point on all.
+  """
+  handler = active_handler()
+  return handler is not None and handler.should_stop()
+
+
 @contextlib.contextmanager
 def sigterm_scope(signals: tuple[int, ...] = (signal.SIGTERM,)):
   """The handler an enclosing scope installed, else a new one installed for this block.

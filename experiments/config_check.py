@@ -181,19 +181,19 @@ def schema() -> dict[str, Rule]:
   # Imported here: these modules import this one (through run_context).
   from es_jax import fitness, metrics, models
   from es_jax import grpo as grpo_lib
-  from experiments import demo, diversity, es, evaluate, grpo, sequential
+  from experiments import demo, diversity, es, grpo, model_io, sequential
   from experiments.configs import base
 
-  model_sources = (*evaluate.MODEL_SOURCES, "random")
+  model_sources = (*model_io.MODEL_SOURCES, "random")
   return {
     "method": one_of(base.METHODS),
     "seed": integer(0),
     "model.source": one_of(model_sources),
     "model.path": text(),
-    "model.base_source": one_of(s for s in evaluate.MODEL_SOURCES if s != "orbax"),
+    "model.base_source": one_of(s for s in model_io.MODEL_SOURCES if s != "orbax"),
     "model.base_path": text(),
     "model.preset": one_of(("", *sorted(models.PRESETS))),
-    "model.dtype": one_of(evaluate.MODEL_DTYPES),
+    "model.dtype": one_of(model_io.MODEL_DTYPES),
     "data.task": task_name,
     "data.split": text(empty_ok=False),
     "data.limit": integer(1, none_ok=True),

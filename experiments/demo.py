@@ -27,7 +27,7 @@ from typing import Any
 import ml_collections
 
 from es_jax import checkpoint
-from experiments import config_check, es, grpo, report, run_context, sequential, train_loop
+from experiments import config_check, es, evaluate, grpo, report, sequential
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     base_dir = os.path.join(workdir, "base")
     if _table(base_dir) is None:
       log.info("demo: evaluating the base model into %s", base_dir)
-      result = train_loop.evaluate_run(_sub_config(config, "evaluate", None), base_dir)
+      result = evaluate.run(_sub_config(config, "evaluate", None), base_dir)
       if result.get("stopped"):
         return {"stopped": True}
     for name in names:
@@ -88,13 +88,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if os.path.exists(os.path.join(sub_dir, "DONE")):
         log.info("demo: %s already finished in %s", name, sub_dir)
         continue
-      if run_context.preempted():
+      if checkpoint.preempted():
         return {"stopped": True}
       log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
       result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    if run_context.preempted():
+    if checkpoint.preempted():
       return {"stopped": True}
     return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 

@@ -1,11 +1,13 @@
-"""Evaluation runner: n samples per problem at temperature T plus one greedy sample → Pass@k, Maj@k.
+"""Evaluation: n samples per problem at temperature T plus one greedy sample → Pass@k, Maj@k.
 
-    python -m experiments.evaluate --workdir /tmp/eval --limit 16 --num_samples 8 \
-        --max_new_tokens 64
+    python -m experiments.main --config experiments/configs/demo.py --workdir runs/eval \
+        --config.method=evaluate
 
-`evaluate_model` evaluates one task (params in, results dict out, files optional), `evaluate_tasks`
-several with a macro average, and `run(config, workdir)` loads the model and tasks that a
-ConfigDict names (fields: `default_config()`) and writes into `workdir/eval/`:
+`evaluate_model` evaluates one task (params in, results dict out, files optional),
+`evaluate_tasks` several with a macro average. `Evaluator` is a run's held-out evaluation
+(config.eval: periodic on a small slice in memory, final with files, plus `eval.extra_tasks`),
+and `run(config, workdir)` is `method="evaluate"`: the final evaluation of config.model
+(`experiments.model_io.load_model`: any model source) into `workdir/eval/`:
 
   <label>.jsonl        one line per problem: index, id, n, c, per-sample correctness and
                        normalised answers (Maj@k), greedy_correct, mean length and token entropy
@@ -28,7 +30,6 @@ uninterrupted run's.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import logging
@@ -41,18 +42,17 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
 
+from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, models, rewards, sampling
-from experiments import eval_results, eval_sampler
-from experiments.config_check import ConfigError
-from experiments.logger import format_seconds, progress_marks
+from experiments import config_check, eval_results, eval_sampler, model_io, run_data
+from experiments.config_check import ConfigError, check, positive_int
+from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
-MODEL_SOURCES = ("default", "hf", "gguf", "orbax")
 read_records = eval_results.read_records
 summarize = eval_results.summarize
 write_report = eval_results.write_report
@@ -64,40 +64,6 @@ class TaskSpec(NamedTuple):
   label: str
   task: str
   examples: Sequence[dict]
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """The fields `run` reads, with the paper's sampling settings (docs/method.md §5)."""
-  return ml_collections.ConfigDict(
-    {
-      # source: default (bundled SmolLM2) | hf | gguf | orbax. For orbax, `path` is the
-      # checkpoint directory and base_source/base_path give the architecture and tokenizer.
-      "model": {
-        "source": "default",
-        "path": "",
-        "base_source": "default",
-        "base_path": "",
-        "dtype": "",
-      },
-      "tasks": [
-        {
-          "name": "reasoning_gym/chain_sum",
-          "split": "test",
-          "limit": 64,
-          "task_config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
-        }
-      ],
-      "num_samples": 32,
-      "temperature": 0.6,
-      "top_p": 1.0,
-      "max_new_tokens": 256,
-      "batch_size": 64,
-      "seed": 0,
-      "ks": (1, 4, 16, 32),
-      "greedy": True,
-      "progress": True,
-    }
-  )
 
 
 def _check(cond: bool, field: str, value: Any, need: str):
@@ -352,139 +318,181 @@ def evaluate_tasks(
   return {"tasks": results, "macro": macro}
 
 
-MODEL_DTYPES = ("", "bfloat16", "float32", "float16")
+class Evaluator:
+  """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
+
+  def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
+    ev = config.eval
+    for name in (
+      "limit",
+      "num_samples",
+      "max_new_tokens",
+      "batch_size",
+      "periodic_limit",
+      "periodic_num_samples",
+    ):
+      positive_int(ev[name], f"eval.{name}")
+    check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
+    self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
+    self.examples = run_data.load_examples(ev, "eval")
+    self.task = ev.task
+    self.label = task_label(ev.task)
+    # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
+    # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
+    self.extra = extra_eval_tasks(ev, taken={self.label})
+
+  def _kwargs(self, num_samples: int) -> dict[str, Any]:
+    ev = self.config
+    return dict(
+      num_samples=num_samples,
+      temperature=float(ev.temperature),
+      top_p=float(ev.top_p),
+      max_new_tokens=int(ev.max_new_tokens),
+      batch_size=int(ev.batch_size),
+      ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),
+      key=self.key,
+      progress=False,
+    )
+
+  def due(self, step: int, num_steps: int) -> bool:
+    """A periodic evaluation after `step` local steps (not at the end: the final one covers it)."""
+    return self.config.every > 0 and step % self.config.every == 0 and step < num_steps
+
+  def periodic(self, params, model_config: models.ModelConfig) -> dict[str, float]:
+    """Greedy and Pass@k on the first `periodic_limit` problems, as metrics "eval/...".
+
+    The same problems and keys every time, so the numbers are comparable across steps.
+    """
+    n = int(self.config.periodic_num_samples)
+    count = min(self.config.periodic_limit, len(self.examples))
+    examples = [self.examples[i] for i in range(count)]
+    summary = evaluate_model(
+      models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
+      model_config,
+      self.tokenizer,
+      examples,
+      task=self.task,
+      label=self.label,
+      **self._kwargs(n),
+    )
+    return flat_summary(summary, prefix="eval/")
+
+  def final(
+    self, params, model_config: models.ModelConfig, out_dir: str, run_info=None
+  ) -> dict[str, Any]:
+    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate);
+    `run_info` (e.g. the model config) is stored with the settings: a resume must match it.
+
+    Raises:
+      EvaluationStopped: the run's SIGTERM flag was set before a batch.
+    """
+    n = int(self.config.num_samples)
+    batches = iter(range(1, 1 << 62))
+
+    def should_stop() -> bool:
+      checkpoint_lib.sigterm_point(f"eval:{next(batches)}")
+      return checkpoint_lib.preempted()
+
+    return evaluate_tasks(
+      models.cast_params(params, model_config.jnp_dtype),
+      model_config,
+      self.tokenizer,
+      [TaskSpec(self.label, self.task, self.examples), *self.extra],
+      out_dir=out_dir,
+      log_progress=True,
+      run_info=run_info,
+      should_stop=should_stop,
+      **self._kwargs(n),
+    )
 
 
-def load_model(model_config: Mapping[str, Any]):
-  """(Transformer, tokenizer) for config.model (see `default_config`).
-
-  `model.dtype` is the compute dtype: "" keeps the checkpoint's (bf16 for the paper's HF
-  checkpoints; float32 for dequantised GGUF files), or "bfloat16" / "float32" / "float16".
-  """
-  source, path = model_config.get("source"), model_config.get("path") or ""
-  _check(source in MODEL_SOURCES, "config.model.source", source, f"use one of {MODEL_SOURCES}")
-  dtype = model_config.get("dtype") or ""
-  _check(dtype in MODEL_DTYPES, "config.model.dtype", dtype, f"use one of {MODEL_DTYPES}")
-  if source == "default":
-    return models.load_default(dtype=dtype or "float32")
-  _check(bool(path), "config.model.path", path, f"source {source!r} needs a path")
-  if source == "hf":
-    return models.load_hf(path, dtype=dtype or None)
-  if source == "gguf":
-    return models.load_gguf(path, dtype=dtype or "float32")
-  base = {"source": model_config.get("base_source") or "default", "dtype": dtype}
-  base["path"] = model_config.get("base_path")
-  _check(base["source"] != "orbax", "config.model.base_source", "orbax", "the base is not orbax")
-  step = model_config.get("step")
-  params = restore_params(path, step=None if step is None else int(step))
-  model, tokenizer = load_model(base)
-  # The checkpoint's params keep their dtype (float32 masters of a bf16 model stay float32);
-  # the model computes in the base config's dtype (`forward` casts).
-  return models.from_params(model.config, params), tokenizer
+def task_label(task: str) -> str:
+  """A task's label in evaluation files and tables (its name, "/" replaced)."""
+  return task.replace("/", "_")
 
 
-def restore_params(directory: str, *, step: int | None = None) -> dict[str, Any]:
-  """The params of an Orbax checkpoint written with `es_jax.checkpoint.Checkpointer`.
+EXTRA_TASK_FIELDS = (
+  "task",
+  "split",
+  "limit",
+  "task_config",
+  "data_dir",
+  "source_dir",
+  "on_bad_row",
+  "label",
+)
 
-  The checkpoint's state is the params dict itself or a mapping holding it under "params".
 
-  Args:
-    directory: the checkpoint directory (local or gs://).
-    step: the step to restore; None for the newest readable one.
+def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec]:
+  """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
+  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
+  (default: none / the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
+  entries = ev.get("extra_tasks") or ()
+  check(
+    isinstance(entries, (list, tuple)),
+    "eval.extra_tasks",
+    entries,
+    "give a list of task names or {task, split, limit, ...} dicts",
+  )
+  specs = []
+  for i, entry in enumerate(entries):
+    field = f"eval.extra_tasks[{i}]"
+    entry = {"task": entry} if isinstance(entry, str) else entry
+    check(isinstance(entry, Mapping), field, entry, "give a task name or a dict with 'task'")
+    entry = dict(entry)
+    unknown = sorted(set(entry) - set(EXTRA_TASK_FIELDS))
+    check(not unknown, field, entry, f"unknown keys {unknown}; use {list(EXTRA_TASK_FIELDS)}")
+    section = {
+      "split": ev.get("split"),
+      "limit": ev.get("limit"),
+      "data_dir": ev.get("data_dir"),
+      "on_bad_row": ev.get("on_bad_row"),
+      **entry,
+    }
+    task = section.get("task")
+    check(isinstance(task, str) and bool(task), f"{field}.task", task, "name the task")
+    label = section.get("label") or task_label(task)
+    check(
+      label not in taken,
+      f"{field}.label",
+      label,
+      "labels must be unique (the main eval task's included): set 'label'",
+    )
+    taken.add(label)
+    specs.append(TaskSpec(label, task, run_data.load_examples(section, field)))
+  return specs
 
-  Raises:
-    NotImplementedError: this checkout has no `es_jax.checkpoint.Checkpointer`.
-    FileNotFoundError: no such local directory, or no checkpoint in it.
-  """
-  try:
-    from es_jax.checkpoint import Checkpointer
-  except ImportError as e:
-    raise NotImplementedError(
-      f"config.model.source='orbax' ({directory}) needs es_jax.checkpoint.Checkpointer ({e}); "
-      "export the run as an HF directory (save_hf) and use source='hf'."
-    ) from None
-  if "://" not in str(directory) and not os.path.isdir(directory):
-    raise FileNotFoundError(f"config.model.path={directory!r}: no such checkpoint directory.")
-  checkpointer = Checkpointer(directory, async_save=False)
-  try:
-    state = checkpointer.restore(step).state
-  finally:
-    checkpointer.close()
-  if isinstance(state, Mapping) and "params" in state:
-    state = state["params"]
-  return jax.tree.map(jnp.asarray, state)
+
+def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+  """The scalar entries of an evaluation summary (greedy, pass@k, maj@k, length, entropy)."""
+  out = {}
+  for name, value in summary.items():
+    if isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool):
+      out[prefix + name] = float(value)
+  return out
+
+
+def stopped_result(what: str) -> dict[str, Any]:
+  """A run's result when SIGTERM stopped it (`what` says what was saved), logged."""
+  log.warning("stopped by SIGTERM; %s, rerun the same command to resume", what)
+  return {"stopped": True}
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Evaluates the model config.model names on config.tasks; writes into `workdir/eval/`."""
-  for field in ("num_samples", "max_new_tokens", "batch_size"):
-    value = config.get(field)
-    _check(isinstance(value, int) and value >= 1, f"config.{field}", value, "need an int >= 1")
-  tasks_config = list(config.get("tasks") or [])
-  _check(bool(tasks_config), "config.tasks", tasks_config, "need at least one {name, split}")
-  model, tokenizer = load_model(config.model)
-  specs = []
-  for i, t in enumerate(tasks_config):
-    t = dict(t)
-    _check(bool(t.get("name")), f"config.tasks[{i}].name", t.get("name"), "name the task")
-    examples = data.load_task(
-      t["name"],
-      t.get("split", "test"),
-      limit=t.get("limit"),
-      task_config=dict(t["task_config"]) if t.get("task_config") else None,
-      data_dir=t.get("data_dir"),
-      source_dir=t.get("source_dir"),
-      on_bad_row=t.get("on_bad_row") or "raise",
-    )
-    specs.append(TaskSpec(t.get("label") or t["name"], t["name"], examples))
-  return evaluate_tasks(
-    model,
-    None,
-    tokenizer,
-    specs,
-    key=jax.random.key(int(config.get("seed", 0))),
-    out_dir=os.path.join(workdir, "eval"),
-    num_samples=config.num_samples,
-    temperature=float(config.get("temperature", 0.6)),
-    top_p=float(config.get("top_p", 1.0)),
-    max_new_tokens=config.max_new_tokens,
-    batch_size=config.batch_size,
-    ks=tuple(config.get("ks", (1,))),
-    greedy=bool(config.get("greedy", True)),
-    progress=bool(config.get("progress", True)),
-    run_info={"model": dict(config.model)},
-  )
-
-
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--source", default="default", choices=MODEL_SOURCES)
-  parser.add_argument("--path", default="")
-  parser.add_argument("--task", default="reasoning_gym/chain_sum")
-  parser.add_argument("--split", default="test")
-  parser.add_argument("--limit", type=int, default=16)
-  parser.add_argument("--num_samples", type=int, default=8)
-  parser.add_argument("--temperature", type=float, default=0.6)
-  parser.add_argument("--max_new_tokens", type=int, default=64)
-  parser.add_argument("--batch_size", type=int, default=64)
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--ks", default="1,2,4,8")
-  args = parser.parse_args(argv)
-  config = default_config()
-  config.model.source, config.model.path = args.source, args.path
-  config.tasks[0].update(name=args.task, split=args.split, limit=args.limit)
-  if not args.task.endswith("chain_sum"):
-    config.tasks[0]["task_config"] = None
-  for field in ("num_samples", "temperature", "max_new_tokens", "batch_size", "seed"):
-    setattr(config, field, getattr(args, field))
-  config.ks = tuple(int(k) for k in args.ks.split(","))
-  t0 = time.perf_counter()
-  run(config, args.workdir)
-  with open(os.path.join(args.workdir, "eval", "table.md")) as f:
-    print(f.read())
-  print(f"total {time.perf_counter() - t0:.1f} s (model load included)")
-
-
-if __name__ == "__main__":
-  main()
+  """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
+  config_check.validate(config)
+  with checkpoint_lib.sigterm_scope():
+    with config_check.user_errors("config.model"):
+      model, tokenizer = model_io.load_model(config.model, seed=config.seed)
+    evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+    write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+    model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
+    if checkpoint_lib.preempted():
+      return stopped_result("nothing evaluated yet")
+    try:
+      ev = evaluator.final(
+        models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
+      )
+    except EvaluationStopped:
+      return stopped_result("the evaluated problems are saved in eval/")
+    return {"stopped": False, "eval": ev["macro"]}

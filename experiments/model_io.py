@@ -1,39 +1,94 @@
-"""A run's model in and out: loading config.model (with random presets for smoke runs) and
-exporting trained params as an HF directory."""
+"""A run's model in and out: loading config.model from any source (the bundled default, HF, GGUF,
+an Orbax checkpoint, or a random preset for smoke runs) and exporting trained params as an HF
+directory."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
+from es_jax import checkpoint as checkpoint_lib
 from es_jax import models
 from es_jax.models import gguf_loader
-from experiments import evaluate, run_data
+from experiments import run_data
 from experiments.config_check import check
+
+MODEL_SOURCES = ("default", "hf", "gguf", "orbax")  # and "random" (load_model)
+MODEL_DTYPES = ("", "bfloat16", "float32", "float16")
 
 
 def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
   """(Transformer, tokenizer) for config.model.
 
-  Sources: those of `experiments.evaluate.load_model` (default, hf, gguf, orbax) plus "random":
-  the preset `model.preset` (e.g. "tiny-llama") with random weights from the run's `init` key and
-  its vocabulary widened to the bundled SmolLM2 tokenizer's, for smoke runs and tests.
+  Sources: "default" (the bundled SmolLM2-135M-Instruct GGUF), "hf" and "gguf" (`path`),
+  "orbax" (`path` a checkpoint directory of `es_jax.checkpoint.Checkpointer`, `step` optional;
+  `base_source`/`base_path` give the architecture and tokenizer), and "random": the preset
+  `model.preset` (e.g. "tiny-llama") with random weights from the run's `init` key and its
+  vocabulary widened to the bundled SmolLM2 tokenizer's, for smoke runs and tests.
+
+  `model.dtype` is the compute dtype: "" keeps the checkpoint's (bf16 for the paper's HF
+  checkpoints; float32 for dequantised GGUF files), or "bfloat16" / "float32" / "float16".
   """
-  if model_config.get("source") != "random":
-    return evaluate.load_model(model_config)
-  preset = model_config.get("preset") or ""
-  check(preset in models.PRESETS, "model.preset", preset, f"use one of {sorted(models.PRESETS)}")
-  tokenizer = gguf_loader.default_tokenizer()
-  cfg = dataclasses.replace(models.get_config(preset), vocab_size=len(tokenizer))
+  source, path = model_config.get("source"), model_config.get("path") or ""
+  sources = (*MODEL_SOURCES, "random")
+  check(source in sources, "model.source", source, f"use one of {sources}")
   dtype = model_config.get("dtype") or ""
-  check(dtype in evaluate.MODEL_DTYPES, "model.dtype", dtype, f"use one of {evaluate.MODEL_DTYPES}")
-  cfg = cfg.replace(dtype=dtype or cfg.dtype)
-  seed_int = int(jax.random.randint(run_data.run_keys(seed)["init"], (), 0, 2**31 - 1))
-  return models.Transformer(cfg, rngs=nnx.Rngs(seed_int)), tokenizer
+  check(dtype in MODEL_DTYPES, "model.dtype", dtype, f"use one of {MODEL_DTYPES}")
+  if source == "random":
+    preset = model_config.get("preset") or ""
+    check(preset in models.PRESETS, "model.preset", preset, f"use one of {sorted(models.PRESETS)}")
+    tokenizer = gguf_loader.default_tokenizer()
+    cfg = dataclasses.replace(models.get_config(preset), vocab_size=len(tokenizer))
+    cfg = cfg.replace(dtype=dtype or cfg.dtype)
+    seed_int = int(jax.random.randint(run_data.run_keys(seed)["init"], (), 0, 2**31 - 1))
+    return models.Transformer(cfg, rngs=nnx.Rngs(seed_int)), tokenizer
+  if source == "default":
+    return models.load_default(dtype=dtype or "float32")
+  check(bool(path), "model.path", path, f"source {source!r} needs a path")
+  if source == "hf":
+    return models.load_hf(path, dtype=dtype or None)
+  if source == "gguf":
+    return models.load_gguf(path, dtype=dtype or "float32")
+  base = {"source": model_config.get("base_source") or "default", "dtype": dtype}
+  base["path"] = model_config.get("base_path")
+  check(base["source"] not in ("orbax", "random"), "model.base_source", base["source"],
+        "the base gives the architecture: default, hf or gguf")  # fmt: skip
+  step = model_config.get("step")
+  params = restore_params(path, step=None if step is None else int(step))
+  model, tokenizer = load_model(base)
+  # The checkpoint's params keep their dtype (float32 masters of a bf16 model stay float32);
+  # the model computes in the base config's dtype (`forward` casts).
+  return models.from_params(model.config, params), tokenizer
+
+
+def restore_params(directory: str, *, step: int | None = None) -> dict[str, Any]:
+  """The params of an Orbax checkpoint written with `es_jax.checkpoint.Checkpointer`.
+
+  The checkpoint's state is the params dict itself or a mapping holding it under "params".
+
+  Args:
+    directory: the checkpoint directory (local or gs://).
+    step: the step to restore; None for the newest readable one.
+
+  Raises:
+    FileNotFoundError: no such local directory, or no checkpoint in it.
+  """
+  if "://" not in str(directory) and not os.path.isdir(directory):
+    raise FileNotFoundError(f"config.model.path={directory!r}: no such checkpoint directory.")
+  checkpointer = checkpoint_lib.Checkpointer(directory, async_save=False)
+  try:
+    state = checkpointer.restore(step).state
+  finally:
+    checkpointer.close()
+  if isinstance(state, Mapping) and "params" in state:
+    state = state["params"]
+  return jax.tree.map(jnp.asarray, state)
 
 
 def export_hf(params, model_config: models.ModelConfig, tokenizer, path: str) -> str:

@@ -1,6 +1,6 @@
 """What every stage of a run shares (`Context`, built once by `make_context`): the config, the
 model, the data (experiments.run_data), the mesh (with the TPU memory check) and the held-out
-`Evaluator` (periodic and final evaluation, through experiments.evaluate)."""
+`evaluate.Evaluator` (periodic and final evaluation, through experiments.evaluate)."""
 
 from __future__ import annotations
 
@@ -8,18 +8,16 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import ml_collections
-import numpy as np
 
-from es_jax import checkpoint as checkpoint_lib
 from es_jax import memory_plan, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from experiments import config_check, evaluate, model_io, run_data
-from experiments.config_check import check, positive_int
+from experiments.config_check import check
 from experiments.logger import (
   format_seconds,
 )
@@ -39,7 +37,7 @@ class Context:
   keys: dict[str, jax.Array]
   examples: Any  # the training pool
   score: Callable
-  evaluator: Evaluator
+  evaluator: evaluate.Evaluator
   mesh: Any
   eos_ids: tuple[int, ...]
   pad_id: int
@@ -114,7 +112,7 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   examples = run_data.load_examples(config.data, "data")
   with config_check.user_errors("config.data.reward"):
     reward = rewards.get_reward(run_data.reward_name(config.data))
-  evaluator = Evaluator(config, tokenizer, keys)
+  evaluator = evaluate.Evaluator(config, tokenizer, keys)
   data_sources = {
     "data": run_data.examples_source(examples),
     "eval": run_data.examples_source(evaluator.examples),
@@ -144,166 +142,3 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     pad_id=sampling.pad_id(tokenizer),
     data_sources=data_sources,
   )
-
-
-class Evaluator:
-  """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
-
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
-    ev = config.eval
-    for name in (
-      "limit",
-      "num_samples",
-      "max_new_tokens",
-      "batch_size",
-      "periodic_limit",
-      "periodic_num_samples",
-    ):
-      positive_int(ev[name], f"eval.{name}")
-    check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
-    self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
-    self.examples = run_data.load_examples(ev, "eval")
-    self.task = ev.task
-    self.label = task_label(ev.task)
-    # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
-    # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
-    self.extra = extra_eval_tasks(ev, taken={self.label})
-
-  def _kwargs(self, num_samples: int) -> dict[str, Any]:
-    ev = self.config
-    return dict(
-      num_samples=num_samples,
-      temperature=float(ev.temperature),
-      top_p=float(ev.top_p),
-      max_new_tokens=int(ev.max_new_tokens),
-      batch_size=int(ev.batch_size),
-      ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),
-      key=self.key,
-      progress=False,
-    )
-
-  def due(self, step: int, num_steps: int) -> bool:
-    """A periodic evaluation after `step` local steps (not at the end: the final one covers it)."""
-    return self.config.every > 0 and step % self.config.every == 0 and step < num_steps
-
-  def periodic(self, params, model_config: models.ModelConfig) -> dict[str, float]:
-    """Greedy and Pass@k on the first `periodic_limit` problems, as metrics "eval/...".
-
-    The same problems and keys every time, so the numbers are comparable across steps.
-    """
-    n = int(self.config.periodic_num_samples)
-    count = min(self.config.periodic_limit, len(self.examples))
-    examples = [self.examples[i] for i in range(count)]
-    summary = evaluate.evaluate_model(
-      models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
-      model_config,
-      self.tokenizer,
-      examples,
-      task=self.task,
-      label=self.label,
-      **self._kwargs(n),
-    )
-    return flat_summary(summary, prefix="eval/")
-
-  def final(
-    self, params, model_config: models.ModelConfig, out_dir: str, run_info=None
-  ) -> dict[str, Any]:
-    """The full evaluation written into `out_dir` (resumable, see experiments.evaluate);
-    `run_info` (e.g. the model config) is stored with the settings: a resume must match it.
-
-    Raises:
-      evaluate.EvaluationStopped: the run's SIGTERM flag was set before a batch.
-    """
-    n = int(self.config.num_samples)
-    batches = iter(range(1, 1 << 62))
-
-    def should_stop() -> bool:
-      checkpoint_lib.sigterm_point(f"eval:{next(batches)}")
-      return preempted()
-
-    return evaluate.evaluate_tasks(
-      models.cast_params(params, model_config.jnp_dtype),
-      model_config,
-      self.tokenizer,
-      [evaluate.TaskSpec(self.label, self.task, self.examples), *self.extra],
-      out_dir=out_dir,
-      log_progress=True,
-      run_info=run_info,
-      should_stop=should_stop,
-      **self._kwargs(n),
-    )
-
-
-def task_label(task: str) -> str:
-  """A task's label in evaluation files and tables (its name, "/" replaced)."""
-  return task.replace("/", "_")
-
-
-EXTRA_TASK_FIELDS = (
-  "task",
-  "split",
-  "limit",
-  "task_config",
-  "data_dir",
-  "source_dir",
-  "on_bad_row",
-  "label",
-)
-
-
-def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[evaluate.TaskSpec]:
-  """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
-  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
-  (default: none / the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
-  entries = ev.get("extra_tasks") or ()
-  check(
-    isinstance(entries, (list, tuple)),
-    "eval.extra_tasks",
-    entries,
-    "give a list of task names or {task, split, limit, ...} dicts",
-  )
-  specs = []
-  for i, entry in enumerate(entries):
-    field = f"eval.extra_tasks[{i}]"
-    entry = {"task": entry} if isinstance(entry, str) else entry
-    check(isinstance(entry, Mapping), field, entry, "give a task name or a dict with 'task'")
-    entry = dict(entry)
-    unknown = sorted(set(entry) - set(EXTRA_TASK_FIELDS))
-    check(not unknown, field, entry, f"unknown keys {unknown}; use {list(EXTRA_TASK_FIELDS)}")
-    section = {
-      "split": ev.get("split"),
-      "limit": ev.get("limit"),
-      "data_dir": ev.get("data_dir"),
-      "on_bad_row": ev.get("on_bad_row"),
-      **entry,
-    }
-    task = section.get("task")
-    check(isinstance(task, str) and bool(task), f"{field}.task", task, "name the task")
-    label = section.get("label") or task_label(task)
-    check(
-      label not in taken,
-      f"{field}.label",
-      label,
-      "labels must be unique (the main eval task's included): set 'label'",
-    )
-    taken.add(label)
-    specs.append(evaluate.TaskSpec(label, task, run_data.load_examples(section, field)))
-  return specs
-
-
-def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-  """The scalar entries of an evaluation summary (greedy, pass@k, maj@k, length, entropy)."""
-  out = {}
-  for name, value in summary.items():
-    if isinstance(value, int | float | np.floating | np.integer) and not isinstance(value, bool):
-      out[prefix + name] = float(value)
-  return out
-
-
-def preempted() -> bool:
-  """Whether the run's SIGTERM flag (`es_jax.checkpoint.sigterm_scope`) is set, on any host.
-
-  False outside a scope. A collective with several processes: call it at the same point on all.
-  """
-  handler = checkpoint_lib.active_handler()
-  return handler is not None and handler.should_stop()

@@ -30,7 +30,7 @@ import numpy as np
 
 from es_jax import metrics, models, noise
 from es_jax.models.transformer import check_param_shapes
-from experiments import config_check, evaluate, model_io, plots, run_context, run_data
+from experiments import config_check, evaluate, model_io, plots, run_data
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def load_tuned(path: str, model_config: models.ModelConfig) -> Any:
   ):
     params = models.params(models.load_hf(path, tokenizer=False)[0])
   else:
-    params = evaluate.restore_params(checkpoint_dir_of(path))
+    params = model_io.restore_params(checkpoint_dir_of(path))
   check_param_shapes(model_config, params, source=path)
   return params
 
@@ -100,7 +100,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   model, tokenizer = model_io.load_model(config.model, seed=config.seed)
   base = models.params(model)
   tuned = jax.tree.map(jnp.asarray, load_tuned(cfg.tuned, model.config))
-  evaluator = run_context.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+  evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
   delta = jax.tree.map(lambda t, b: t.astype(jnp.float32) - b.astype(jnp.float32), tuned, base)
 
   def evaluate_params(params, name):

@@ -3,7 +3,7 @@
 `Stage` is one method run for some steps in a checkpoint directory; `Loop` restores it (refusing
 a checkpoint whose trajectory config differs), logs, checkpoints, checks the params are finite
 and stops between steps on SIGTERM; `finish` runs the final evaluation, the HF export and the
-plots. `run_single` is a whole one-method run; `evaluate_run` is `method="evaluate"`.
+plots. `run_single` is a whole one-method run.
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ import numpy as np
 from etils import epath
 
 from es_jax import checkpoint as checkpoint_lib
-from es_jax import metrics, models
+from es_jax import metrics
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
-from experiments import config_check, evaluate, model_io, plots, run_context, run_data
+from experiments import evaluate, model_io, plots, run_context, run_data
 from experiments.config_check import ConfigError, check, positive_int
 from experiments.logger import (
   ProgressBar,
   RunLogger,
   StepTimer,
   read_metrics,
-  write_run_files,
 )
 
 log = logging.getLogger(__name__)
@@ -287,11 +286,6 @@ def train_metrics_plots(workdir: str) -> dict[str, str]:
   return out
 
 
-def _stopped_result(what: str) -> dict[str, Any]:
-  log.warning("stopped by SIGTERM; %s, rerun the same command to resume", what)
-  return {"stopped": True}
-
-
 def set_aside_stale_evaluation(eval_dir: str, run_info: Mapping[str, Any]) -> str | None:
   """Renames `eval_dir` to eval.stale-<n> when its records were computed for other params than
   `run_info` says (for example a finished run resumed with a larger num_steps); returns the new
@@ -322,8 +316,8 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
   A SIGTERM during the final evaluation stops it between batches (the finished problems are in
   eval/*.jsonl, a rerun evaluates the rest); then nothing is exported and DONE is not written.
   """
-  if stopped or run_context.preempted():
-    return _stopped_result("checkpoint saved")
+  if stopped or checkpoint_lib.preempted():
+    return evaluate.stopped_result("checkpoint saved")
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
     eval_dir = os.path.join(ctx.workdir, "eval")
@@ -334,10 +328,10 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
     try:
       ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
     except evaluate.EvaluationStopped:
-      return _stopped_result("the evaluated problems are saved in eval/")
+      return evaluate.stopped_result("the evaluated problems are saved in eval/")
     results["eval"] = ev["macro"]
-  if run_context.preempted():
-    return _stopped_result("checkpoint and evaluation saved")
+  if checkpoint_lib.preempted():
+    return evaluate.stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
     results["hf"] = model_io.export_hf(
       params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
@@ -358,26 +352,6 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
     stage = Stage(name, n, os.path.join(ctx.workdir, "checkpoints"))
     result = train_fn(ctx, ctx.base_params, stage)
     return finish(ctx, result.params, stopped=not result.finished)
-
-
-def evaluate_run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
-  config_check.validate(config)
-  with checkpoint_lib.sigterm_scope():
-    with config_check.user_errors("config.model"):
-      model, tokenizer = model_io.load_model(config.model, seed=config.seed)
-    evaluator = run_context.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
-    write_run_files(workdir, config)  # config.json and versions.json, as training runs have
-    model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
-    if run_context.preempted():
-      return _stopped_result("nothing evaluated yet")
-    try:
-      ev = evaluator.final(
-        models.params(model), model.config, os.path.join(workdir, "eval"), run_info=model_info
-      )
-    except evaluate.EvaluationStopped:
-      return _stopped_result("the evaluated problems are saved in eval/")
-    return {"stopped": False, "eval": ev["macro"]}
 
 
 def to_host(tree):

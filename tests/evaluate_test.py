@@ -7,12 +7,14 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from run_configs import smoke_config
 from tiny_models import tiny_tokenizer
 
-from es_jax import data, models
+from es_jax import checkpoint, data, models
 from es_jax.metrics import maj_at_k, pass_at_k
 from es_jax.sampling import encode_prompts, generate
-from experiments import eval_results, evaluate, plots
+from experiments import eval_results, evaluate, model_io, plots
+from experiments.configs import demo as demo_config
 
 N, BATCH, NEW_TOKENS = 4, 8, 8
 SETTINGS = dict(num_samples=N, batch_size=BATCH, max_new_tokens=NEW_TOKENS, temperature=1.0)
@@ -187,51 +189,51 @@ def test_lazy_loader_is_not_called_when_everything_is_done(full_run):
 
 
 def test_run_from_config_on_reasoning_gym(tiny, tmp_path):
+  # method="evaluate": config.model (an HF directory) on config.eval's task plus an extra task.
   model, tok = tiny
   models.save_hf(model, tok, tmp_path / "model")
-  config = evaluate.default_config()
-  config.model.source, config.model.path = "hf", str(tmp_path / "model")
-  config.tasks[0]["limit"] = 3
-  config.tasks.append(dict(config.tasks[0], label="chain_sum_again", split="train"))
-  config.update(
-    num_samples=2, max_new_tokens=NEW_TOKENS, batch_size=BATCH, ks=(1, 2, 32), progress=False
+  config = smoke_config(
+    demo_config,
+    "",
+    method="evaluate",
+    model__source="hf",
+    model__path=str(tmp_path / "model"),
+    eval__limit=3,
+    eval__extra_tasks=({"task": "reasoning_gym/chain_sum", "split": "train", "label": "again"},),
+    eval__num_samples=2,
+    eval__max_new_tokens=NEW_TOKENS,
+    eval__batch_size=BATCH,
+    eval__ks=(1, 2, 32),
   )
   results = evaluate.run(config, str(tmp_path / "work"))
+  assert results["stopped"] is False
   out = tmp_path / "work" / "eval"
-  for name in (
-    "reasoning_gym_chain_sum.jsonl",
-    "chain_sum_again.jsonl",
-    "table.md",
-    "table.json",
-    "pass_at_k.png",
-  ):
+  for name in ("reasoning_gym_chain_sum.jsonl", "again.jsonl", "table.md", "pass_at_k.png"):
     assert (out / name).stat().st_size > 0, name
   table = json.loads((out / "table.json").read_text())
-  assert set(table["tasks"]) == {"reasoning_gym/chain_sum", "chain_sum_again"}
+  assert set(table["tasks"]) == {"reasoning_gym_chain_sum", "again"}
   for label, row in table["tasks"].items():
-    records = results["tasks"][label]["records"]
+    records = eval_results.read_records(str(out / f"{label}.jsonl"))
     assert len(records) == 3 and all(len(r["answers"]) == 2 for r in records)
     n, c = [r["n"] for r in records], [r["c"] for r in records]
     assert row["pass@2"] == pytest.approx(np.mean(pass_at_k(np.array(n), np.array(c), 2)))
   assert table["macro"]["pass@1"] == pytest.approx(
     np.mean([row["pass@1"] for row in table["tasks"].values()])
   )
-  config.model.source = "nope"
+  assert results["eval"]["pass@1"] == pytest.approx(table["macro"]["pass@1"])
+  bad = smoke_config(demo_config, "", method="evaluate", model__source="nope")
   with pytest.raises(ValueError, match="config.model.source"):
-    evaluate.run(config, str(tmp_path / "work"))
+    evaluate.run(bad, str(tmp_path / "work2"))
 
 
 def test_orbax_source_restores_the_saved_params(tiny, tmp_path):
-  checkpoint = pytest.importorskip("es_jax.checkpoint")
-  if not hasattr(checkpoint, "Checkpointer"):
-    pytest.skip("es_jax.checkpoint has no Checkpointer yet")
   model, tok = tiny
   models.save_hf(model, tok, tmp_path / "base")
   params = jax.tree.map(lambda x: x * 1.5, models.params(model))
   saver = checkpoint.Checkpointer(tmp_path / "ckpt", async_save=False)
   saver.save(3, state={"params": params, "opt": {"count": np.int32(3)}}, force=True)
   saver.close()
-  restored, _ = evaluate.load_model(
+  restored, _ = model_io.load_model(
     {
       "source": "orbax",
       "path": str(tmp_path / "ckpt"),
@@ -242,7 +244,7 @@ def test_orbax_source_restores_the_saved_params(tiny, tmp_path):
   for a, b in zip(jax.tree.leaves(models.params(restored)), jax.tree.leaves(params), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   with pytest.raises(FileNotFoundError, match="missing"):
-    evaluate.load_model({"source": "orbax", "path": str(tmp_path / "missing")})
+    model_io.load_model({"source": "orbax", "path": str(tmp_path / "missing")})
 
 
 def test_plots_write_pngs_and_reject_bad_series(tmp_path):

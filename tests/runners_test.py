@@ -18,7 +18,7 @@ from run_configs import (
 
 from es_jax import checkpoint
 from es_jax.checkpoint import Checkpointer
-from experiments import demo, es, grpo, run_context, run_data, sequential
+from experiments import demo, es, evaluate, grpo, run_data, sequential
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
@@ -116,7 +116,7 @@ def test_paper_config_smoke(tmp_path, module, method):
   assert result["stopped"] is False
   assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
   table = json.load(open(tmp_path / "run" / "eval" / "table.json"))
-  main_label = run_context.task_label(config.eval.task)
+  main_label = evaluate.task_label(config.eval.task)
   assert set(table["tasks"]) == {main_label, "held_out"}
   assert table["tasks"]["held_out"]["num_problems"] == 2
   per_task = [table["tasks"][t]["pass@1"] for t in table["tasks"]]
@@ -125,7 +125,7 @@ def test_paper_config_smoke(tmp_path, module, method):
 
 def test_extra_eval_tasks_bad_entries_name_the_field():
   ev = _config(demo_config).eval
-  specs = run_context.extra_eval_tasks(
+  specs = evaluate.extra_eval_tasks(
     {**ev, "extra_tasks": ("reasoning_gym/chain_sum",), "limit": 3}, taken=set()
   )
   assert [(s.label, s.task, len(s.examples)) for s in specs] == [
@@ -138,10 +138,10 @@ def test_extra_eval_tasks_bad_entries_name_the_field():
     ((3,), r"eval.extra_tasks\[0\]"),
   ):
     with pytest.raises(ValueError, match=field):
-      run_context.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
-  main = {run_context.task_label(ev.task)}
+      evaluate.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
+  main = {evaluate.task_label(ev.task)}
   with pytest.raises(ValueError, match=r"extra_tasks\[0\].label"):  # clashes with the main task
-    run_context.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
+    evaluate.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
 
 
 def test_batch_indices_cover_each_epoch_once():
@@ -223,7 +223,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
   monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "eval:2")
   assert es.run(config, str(tmp_path)) == {"stopped": True}
-  jsonl = tmp_path / "eval" / f"{run_context.task_label(config.eval.task)}.jsonl"
+  jsonl = tmp_path / "eval" / f"{evaluate.task_label(config.eval.task)}.jsonl"
   first = _lines(jsonl)
   assert [r["index"] for r in first] == [0, 1]
   assert not (tmp_path / "eval" / "table.json").exists()
@@ -237,7 +237,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   # Extended to 2 steps: the 1-step model's evaluation is set aside (kept, not reused).
   longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)
   assert es.run(longer, str(tmp_path))["stopped"] is False
-  meta = f"{run_context.task_label(config.eval.task)}.meta.json"
+  meta = f"{evaluate.task_label(config.eval.task)}.meta.json"
   digests = [json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
              for d in ("eval.stale-1", "eval")]  # fmt: skip
   for step, digest in zip((1, 2), digests, strict=True):

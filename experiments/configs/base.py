@@ -33,7 +33,7 @@ METHODS = {
   "es": "experiments.es:run",
   "grpo": "experiments.grpo:run",
   "sequential": "experiments.sequential:run",
-  "evaluate": "experiments.train_loop:evaluate_run",
+  "evaluate": "experiments.evaluate:run",
   "demo": "experiments.demo:run",
   "sparsity": "experiments.sparsity:run",
   "population_sweep": "experiments.population_sweep:run",
