@@ -16,10 +16,10 @@ final model on 200 held-out problems (one greedy answer and n = 8 samples at tem
 each). report.md gives every Pass@k with its standard error and each run's difference from the
 base model with the paired standard error (over problems). Rerunning the command resumes.
 Fitness is sampled (temperature 0.6) so that a member's success on a prompt is not all or nothing.
-Runtime: not yet measured end to end. Sized for about 90 minutes on an idle 2-core CPU from the
-demo's costs (about 0.3 s per evaluated completion, 10-40 s per training step), but the first run
-(2026-12-04, on a 2-core CPU shared with other jobs) took 17.5 min for the base evaluation and
-60-75 s per ES step, so expect longer; docs/results/coverage_study.md will record the measured time.
+Runtime, measured per phase on a 2-core CPU (2026-12-04, docs/results/coverage_study.md): an
+estimated 85 min on an idle machine (each ES run about 5 min of training and 7.6 min of final
+evaluation, each GRPO or sequential run 7.5-14 min and 5.5-6 min), 2-3x that per phase on a
+loaded machine.
 
 Variants `zscore` / `coverage`: one ES run (method="es") with that shaping, 30 steps.
 `:smoke` (alone or appended, e.g. `:coverage_smoke`): the random tiny model, plumbing only.
