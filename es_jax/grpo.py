@@ -27,6 +27,22 @@ STD_MODES = ("population", "unbiased", None)
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
 
 
+def check_hyperparameters(aggregation: str, beta: Any, eps_low: Any, eps_high: Any) -> float | None:
+  """Raises ValueError for a bad ``aggregation``, or a concrete ``beta < 0``, ``eps_low`` outside
+  [0, 1) or ``eps_high < 0`` (traced values cannot be checked); returns ``beta`` as a float, or
+  None when it is traced."""
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
+  beta_value, lo, hi = (_checks.concrete_float(x) for x in (beta, eps_low, eps_high))
+  if beta_value is not None and not beta_value >= 0.0:
+    raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
+  if lo is not None and not 0.0 <= lo < 1.0:
+    raise ValueError(f"eps_low={lo} must be in [0, 1) (ratio clipped at 1 - eps_low).")
+  if hi is not None and not hi >= 0.0:
+    raise ValueError(f"eps_high={hi} must be >= 0 (ratio clipped at 1 + eps_high).")
+  return beta_value
+
+
 def group_advantages(
   rewards: jax.Array, *, std: str | None = "population", eps: float = 1e-4
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -213,22 +229,13 @@ def grpo_loss(
       f"advantages shape {jnp.shape(advantages)} must be [B] = ({batch},) for logp shape "
       f"{logp.shape}: one advantage per sequence, e.g. group_advantages(r)[0].reshape(-1)."
     )
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
-  beta_value = _checks.concrete_float(beta)
-  if beta_value is not None and not beta_value >= 0.0:
-    raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
+  beta_value = check_hyperparameters(aggregation, beta, eps_low, eps_high)
   if ref_logp is None and beta_value != 0.0:
     beta_is = f"beta={beta_value}" if beta_value is not None else "beta is traced (unknown value)"
     raise ValueError(
       f"ref_logp is None but {beta_is}; pass the reference log-probabilities, or beta=0.0 as a "
       "Python float (not a traced argument) to train without the KL term."
     )
-  eps_low_value, eps_high_value = _checks.concrete_float(eps_low), _checks.concrete_float(eps_high)
-  if eps_low_value is not None and not 0.0 <= eps_low_value < 1.0:
-    raise ValueError(f"eps_low={eps_low_value} must be in [0, 1) (ratio clipped at 1 - eps_low).")
-  if eps_high_value is not None and not eps_high_value >= 0.0:
-    raise ValueError(f"eps_high={eps_high_value} must be >= 0 (ratio clipped at 1 + eps_high).")
   if max_length is None:
     max_length = length
   elif max_length < length:

@@ -37,7 +37,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import _checks
-from es_jax.grpo import AGGREGATIONS, grpo_loss
+from es_jax.grpo import check_hyperparameters, grpo_loss
 from es_jax.grpo_rollout import (  # noqa: F401  (re-exported: one import for a GRPO loop)
   GRPOBatch,
   _check_divisible,
@@ -243,15 +243,7 @@ def update_step(
   _check_divisible(
     mini_batch_size, "mini_batch_size", micro_batch_size * devices, "micro_batch_size × devices"
   )
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
-  beta_value, lo, hi = (_checks.concrete_float(x) for x in (beta, eps_low, eps_high))
-  if beta_value is not None and not beta_value >= 0.0:
-    raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
-  if lo is not None and not 0.0 <= lo < 1.0:
-    raise ValueError(f"eps_low={lo} must be in [0, 1).")
-  if hi is not None and not hi >= 0.0:
-    raise ValueError(f"eps_high={hi} must be >= 0.")
+  beta_value = check_hyperparameters(aggregation, beta, eps_low, eps_high)
   if beta_value == 0.0:
     ref_params = None  # No KL term: skip the reference forward pass entirely.
   elif ref_params is None:
