@@ -27,12 +27,7 @@ from es_jax import metrics
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from experiments import evaluate, model_io, plots, run_context, run_data
 from experiments.config_check import ConfigError, check, positive_int
-from experiments.logger import (
-  ProgressBar,
-  RunLogger,
-  StepTimer,
-  read_metrics,
-)
+from experiments.logger import ProgressBar, RunLogger, StepTimer, read_metrics
 
 log = logging.getLogger(__name__)
 
