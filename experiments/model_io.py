@@ -57,8 +57,8 @@ def load_model(model_config: Mapping[str, Any], *, seed: int = 0):
     return models.load_gguf(path, dtype=dtype or "float32")
   base = {"source": model_config.get("base_source") or "default", "dtype": dtype}
   base["path"] = model_config.get("base_path")
-  check(base["source"] not in ("orbax", "random"), "model.base_source", base["source"],
-        "the base gives the architecture: default, hf or gguf")  # fmt: skip
+  need = "the base gives the architecture: default, hf or gguf"
+  check(base["source"] not in ("orbax", "random"), "model.base_source", base["source"], need)
   step = model_config.get("step")
   params = restore_params(path, step=None if step is None else int(step))
   model, tokenizer = load_model(base)
