@@ -195,9 +195,11 @@ class Study:
     self.chunk = chunk if self.members % (pop * chunk) == 0 else 1
     try:  # the sampled population's noise (its log-likelihoods use the same fields)
       self.spec = noise.NoiseSpec(
-        self.members, antithetic=bool(es.antithetic), rank=int(es.rank) or None,
+        self.members,
+        antithetic=bool(es.antithetic),
+        rank=int(es.rank) or None,
         low_rank_vectors=es.low_rank_vectors,
-      )  # fmt: skip
+      )
     except ValueError as e:
       raise ValueError(f"config.diversity (population of es + diversity): {e}") from None
     self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
@@ -373,18 +375,17 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
     "union observed",
     "JS_pol",
   ]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines = eval_results.markdown_header(head)
   for r in rows:
     lo, hi = r["js_succ_ci"]
     pol = "–" if r["js_pol"] is None else f"{r['js_pol']:.4f} ({r['js_pol_prompts']} prompts)"
     lines.append(
-      "| "
-      + " | ".join(
+      eval_results.markdown_row(
         [
           r["label"],
-          str(r["members"]),
-          str(r["samples"]),
-          str(r["problems"]),
+          r["members"],
+          r["samples"],
+          r["problems"],
           f"{r['sigma']:g}",
           f"{r['pass@1']:.3f}",
           f"{r['js_succ']:.4f} [{lo:.4f}, {hi:.4f}]",
@@ -395,7 +396,6 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
           pol,
         ]
       )
-      + " |"
     )
   return "\n".join(
     [
@@ -420,11 +420,11 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
 def _measure_all(study: Study, kinds, examples, key) -> list[dict[str, Any]]:
   rows = []
   for i, kind in enumerate(kinds):
-    rows.append(study.measure(kind, examples, jax.random.fold_in(key, i)))
-    log.info(
-      "diversity %s at step %d: JS_succ %.4f pass@1 %.3f", kind, study.source["global_step"],
-      rows[-1]["js_succ"], rows[-1]["pass@1"],
-    )  # fmt: skip
+    row = study.measure(kind, examples, jax.random.fold_in(key, i))
+    step = study.source["global_step"]
+    message = "diversity %s at step %d: JS_succ %.4f pass@1 %.3f"
+    log.info(message, kind, step, row["js_succ"], row["pass@1"])
+    rows.append(row)
   return rows
 
 
@@ -441,26 +441,39 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
   for entry in by_step:
     kinds = {r["kind"]: r for r in entry["rows"]}
     es_row, group = kinds.get("es"), kinds.get("group")
-    table.append({
-      "checkpoint": entry["checkpoint"],
-      "global_step": entry["global_step"],
-      "js_succ": es_row["js_succ"] if es_row else None,
-      "js_succ_ci": es_row["js_succ_ci"] if es_row else None,
-      "union_population": es_row["union_population"] if es_row else None,
-      "pass@1": group["pass@1"] if group else None,
-      f"pass@{k}": _centre_pass_at_k(group, k) if group else None,
-    })  # fmt: skip
+    table.append(
+      {
+        "checkpoint": entry["checkpoint"],
+        "global_step": entry["global_step"],
+        "js_succ": es_row["js_succ"] if es_row else None,
+        "js_succ_ci": es_row["js_succ_ci"] if es_row else None,
+        "union_population": es_row["union_population"] if es_row else None,
+        "pass@1": group["pass@1"] if group else None,
+        f"pass@{k}": _centre_pass_at_k(group, k) if group else None,
+      }
+    )
   first = table[0][f"pass@{k}"] if table else None
   for t in table:
     t[f"pass@{k}_gain"] = None if first is None else t[f"pass@{k}"] - first
   eval_results.write_json(os.path.join(out, "by_checkpoint.json"), {"k": k, "rows": table})
-  head = ["checkpoint", "global step", "JS_succ [95% CI]", "union 1−Π(1−p_i)", "Pass@1 (θ)",
-          f"Pass@{k} (θ)", f"Pass@{k} gain"]  # fmt: skip
-  lines = ["# Diversity over checkpoints", "",
-           "JS_succ of the ES population around each checkpoint (its own step key); Pass@1 and "
-           f"Pass@{k} of the checkpoint itself from the GRPO-group rows (N x n samples of θ); the "
-           "gain is over the first checkpoint.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+  head = [
+    "checkpoint",
+    "global step",
+    "JS_succ [95% CI]",
+    "union 1−Π(1−p_i)",
+    "Pass@1 (θ)",
+    f"Pass@{k} (θ)",
+    f"Pass@{k} gain",
+  ]
+  lines = [
+    "# Diversity over checkpoints",
+    "",
+    "JS_succ of the ES population around each checkpoint (its own step key); Pass@1 and "
+    f"Pass@{k} of the checkpoint itself from the GRPO-group rows (N x n samples of θ); the "
+    "gain is over the first checkpoint.",
+    "",
+    *eval_results.markdown_header(head),
+  ]
 
   def f(v, digits=3):
     return "–" if v is None else f"{v:.{digits}f}"
@@ -468,9 +481,8 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
   for t in table:
     ci = t["js_succ_ci"]
     js = "–" if t["js_succ"] is None else f"{t['js_succ']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
-    lines.append("| " + " | ".join([str(t["checkpoint"]), str(t["global_step"]), js,
-                                     f(t["union_population"]), f(t["pass@1"]), f(t[f"pass@{k}"]),
-                                     f(t[f"pass@{k}_gain"])]) + " |")  # fmt: skip
+    cells = [t["checkpoint"], t["global_step"], js, f(t["union_population"]), f(t["pass@1"])]
+    lines.append(eval_results.markdown_row([*cells, f(t[f"pass@{k}"]), f(t[f"pass@{k}_gain"])]))
   steps = [t["global_step"] for t in table]
   figures = (
     ("js_by_checkpoint", "js_succ", "JS_succ (nats)"),
@@ -480,8 +492,10 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
     pts = [(s, t[key]) for s, t in zip(steps, table, strict=True) if t[key] is not None]
     if pts:
       xs, ys = map(list, zip(*pts, strict=True))
-      plots.plot_metric_over_steps({"ES": (xs, ys)}, os.path.join(out, f"{name}.png"),
-                                   ylabel=ylabel, xlabel="global step", title=ylabel)  # fmt: skip
+      path = os.path.join(out, f"{name}.png")
+      plots.plot_metric_over_steps(
+        {"ES": (xs, ys)}, path, ylabel=ylabel, xlabel="global step", title=ylabel
+      )
       lines += ["", f"![{name}]({name}.png)"]
   eval_results.write_text(os.path.join(out, "by_checkpoint.md"), "\n".join(lines) + "\n")
 

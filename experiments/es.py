@@ -111,12 +111,11 @@ def make_update_rule(
   config_check.positive_finite(cfg.sigma, "es.sigma")
   config_check.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
   spec = noise_spec(cfg) if spec is None else spec
-  rule = UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
   try:
-    rule(1.0)  # es_gradient validates the shaping
+    fitness_lib.validate_shaping(cfg.shaping)
   except ValueError as e:
     raise ValueError(f"config.es: {e}") from None
-  return rule
+  return UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
 
 
 def make_optimizer(

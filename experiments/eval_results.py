@@ -255,17 +255,24 @@ def _cell(column: str, value: Any) -> str:
   return f"{value:.3f}"
 
 
+def markdown_row(cells: Sequence[Any]) -> str:
+  """One markdown table row: ``| a | b | c |``."""
+  return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def markdown_header(head: Sequence[Any]) -> list[str]:
+  """A markdown table's header row and its ``|---|---|`` rule."""
+  return [markdown_row(head), "|" + "---|" * len(head)]
+
+
 def markdown_table(summaries: Mapping[str, Mapping[str, Any]], macro_row: Mapping[str, Any]) -> str:
   """A markdown table: one row per task and a macro-average row."""
   columns = _columns(next(iter(summaries.values())))
   head = {"num_problems": "problems", "mean_length": "length (tokens)", "mean_entropy": "entropy"}
-  lines = [
-    "| task | " + " | ".join(head.get(c, c) for c in columns) + " |",
-    "|---" * (len(columns) + 1) + "|",
-  ]
+  lines = markdown_header(["task", *(head.get(c, c) for c in columns)])
   rows = list(summaries.items()) + [("macro average", macro_row)]
   for name, s in rows:
-    lines.append(f"| {name} | " + " | ".join(_cell(c, s.get(c)) for c in columns) + " |")
+    lines.append(markdown_row([name, *(_cell(c, s.get(c)) for c in columns)]))
   n = next(iter(summaries.values()))["num_samples"]
   lines.append("")
   lines.append(

@@ -31,6 +31,7 @@ uninterrupted run's.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import os
@@ -387,7 +388,7 @@ class Evaluator:
       EvaluationStopped: the run's SIGTERM flag was set before a batch.
     """
     n = int(self.config.num_samples)
-    batches = iter(range(1, 1 << 62))
+    batches = itertools.count(1)
 
     def should_stop() -> bool:
       checkpoint_lib.sigterm_point(f"eval:{next(batches)}")

@@ -216,13 +216,11 @@ def difference_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[
   others = [r for r in runs[1:] if label in r.per_problem]
   if ref is None or not others:
     return []
-  ks = [k for k in _ks(runs, label) if all(f"pass@{k}" in r.per_problem[label]
-                                            for r in (ref, *others))]  # fmt: skip
-  metrics = ["greedy", *[f"pass@{k}" for k in ks]]
+  metrics = ["greedy", *[f"pass@{k}" for k in _ks(runs, label)]]
   metrics = [m for m in metrics if all(m in r.per_problem[label] for r in (ref, *others))]
   head = ["difference", *[("Δ " + m).replace("pass", "Pass") for m in metrics]]
-  lines = [f"Difference from {ref.name} on the same problems (mean ± paired standard error):", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+  lines = [f"Difference from {ref.name} on the same problems (mean ± paired standard error):", ""]
+  lines += eval_results.markdown_header(head)
   for run in others:
     a, b = ref.per_problem[label], run.per_problem[label]
     if not np.array_equal(a["index"], b["index"]):
@@ -233,7 +231,7 @@ def difference_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[
       d = b[m] - a[m]
       se = _se(d)
       cells.append(f"{d.mean():+.3f}" + (f" ± {se:.3f}" if math.isfinite(se) else ""))
-    lines.append("| " + " | ".join(cells) + " |")
+    lines.append(eval_results.markdown_row(cells))
   return lines + [""]
 
 
@@ -333,7 +331,7 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
   ks = _ks(runs, label)
   head = ["method", "steps", "greedy", *[f"Pass@{k}" for k in ks], *[f"Maj@{k}" for k in ks]]
   head += ["entropy (nats)", "drift", "JS_succ [95% CI]", "train min", "eval min"]
-  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  lines = eval_results.markdown_header(head)
   for run in runs:
     t = run.tasks.get(label)
     steps, why = steps_cell(run)
@@ -368,7 +366,7 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
     if run.eval_seconds is None and t is not None:
       notes.append(f"{run.name}: eval min: no eval/timing.jsonl (an older evaluation).")
     cells.append(_fmt(run.eval_seconds / 60, digits=1) if run.eval_seconds is not None else NA)
-    lines.append("| " + " | ".join(cells) + " |")
+    lines.append(eval_results.markdown_row(cells))
   return lines
 
 

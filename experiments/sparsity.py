@@ -19,7 +19,6 @@ stage), a checkpoint directory, or an HF directory (config.json + safetensors).
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
@@ -31,8 +30,6 @@ import numpy as np
 from es_jax import metrics, models, noise
 from es_jax.models.transformer import check_param_shapes
 from experiments import config_check, evaluate, model_io, plots, run_data
-
-log = logging.getLogger(__name__)
 
 
 def checkpoint_dir_of(path: str) -> str:
@@ -122,8 +119,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         }
       )
   except evaluate.EvaluationStopped:
-    log.warning("stopped by SIGTERM; rerun the same command to resume")
-    return {"stopped": True}
+    return evaluate.stopped_result("the evaluated problems are saved")
   result = {
     "drift": float(metrics.relative_drift(tuned, base)),
     "changed_fraction": float(

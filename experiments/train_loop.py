@@ -296,12 +296,11 @@ def set_aside_stale_evaluation(eval_dir: str, run_info: Mapping[str, Any]) -> st
       n = 1
       while os.path.exists(f"{eval_dir}.stale-{n}"):
         n += 1
-      os.replace(eval_dir, f"{eval_dir}.stale-{n}")
-      log.warning(
-        "%s holds the evaluation of other params (%s); moved to %s, evaluating these",
-        eval_dir, saved, f"{eval_dir}.stale-{n}",
-      )  # fmt: skip
-      return f"{eval_dir}.stale-{n}"
+      stale = f"{eval_dir}.stale-{n}"
+      os.replace(eval_dir, stale)
+      message = "%s holds the evaluation of other params (%s); moved to %s, evaluating these"
+      log.warning(message, eval_dir, saved, stale)
+      return stale
   return None
 
 
