@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -125,8 +125,7 @@ def low_rank_member(
   jax.jit,
   # Static: they decide shapes, the noise structure, the sharding and the compiled program.
   static_argnames=tuple(
-    "config spec members_per_chunk mesh max_new_tokens eos_ids pad_id use_top_p share_sample_key "
-    "unroll_layers".split()
+    "config spec members_per_chunk mesh share_sample_key unroll_layers".split()
   ),
 )
 def population_completions(
@@ -136,24 +135,20 @@ def population_completions(
   step_key: jax.Array,
   sample_key: jax.Array,
   sigma: jax.Array,
-  temperature: jax.Array,
-  top_p: jax.Array,
+  decoding: sampling.Decoding,
   *,
   config: ModelConfig,
   spec: noise_lib.NoiseSpec,
   members_per_chunk: int,
   mesh: Mesh | None,
-  max_new_tokens: int,
-  eos_ids: tuple[int, ...],
-  pad_id: int,
-  use_top_p: bool,
   share_sample_key: bool,
   unroll_layers: bool | None = None,
 ) -> sampling.Completions:
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
-  See ``evaluate_population`` for the arguments; inputs are not validated here (``spec`` validated
-  itself on construction; it is a static argument, hashable). ``unroll_layers``: decode over
+  See ``evaluate_population`` for the arguments; inputs are not validated here (``spec`` and
+  ``decoding`` validated themselves on construction; ``spec`` is static and hashable,
+  ``decoding`` a pytree whose temperature and top-p are traced). ``unroll_layers``: decode over
   per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
   (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
   gets the TPU layout.
@@ -164,11 +159,10 @@ def population_completions(
   n_local = spec.population_size // n_dev
   # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
   model_sharded = mesh is not None and mesh.shape["model"] > 1
-  generate_kw = dict(max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, config=config)
   if unroll_layers is None:
     unroll_layers = sampling.default_unroll_layers(mesh)
 
-  def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p):
+  def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding):
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
     members = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
 
@@ -215,9 +209,8 @@ def population_completions(
       return params_i, treedef.unflatten([axis if o else None for o in own])
 
     decode_kw = dict(
-      **generate_kw,
-      temperature=temperature,
-      top_p=top_p if use_top_p else None,
+      **decoding.generate_kwargs(),
+      config=config,
       delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
       unroll_layers=unroll_layers,
     )
@@ -260,7 +253,7 @@ def population_completions(
     out = jax.lax.map(chunk, members.reshape(-1, members_per_chunk))  # leaves [C, M, P, ...]
     return jax.tree.map(lambda x: x.reshape(n_local, *x.shape[2:]), out)
 
-  args = (params, prompt_ids, prompt_mask, step_key, sample_key, sigma, temperature, top_p)
+  args = (params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding)
   if mesh is None:
     return local(*args)
   manual = {"pop"} if mesh.shape["model"] > 1 else set(mesh.axis_names)
@@ -283,14 +276,10 @@ def evaluate_population(
   step_key: jax.Array,
   sigma: float | jax.Array,
   spec: noise_lib.NoiseSpec,
+  decoding: sampling.Decoding,
   score_fn: ScoreFn,
-  max_new_tokens: int,
   mesh: Mesh | None = None,
   members_per_chunk: int = 1,
-  temperature: float = 0.0,
-  top_p: float | None = None,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
   sample_key: jax.Array | None = None,
   share_sample_key: bool = False,
 ) -> tuple[np.ndarray, PopulationStats]:
@@ -318,20 +307,17 @@ def evaluate_population(
       ``noise.is_matrix_leaf``) and ``precision`` (``"fp32"`` or ``"bf16_faithful"``, full rank
       only, see ``noise.apply_noise``; or ``"reference"``: members perturbed as
       ``es_jax.reference_arithmetic.perturb`` does).
+    decoding: the ``sampling.Decoding`` every member decodes with: budget ``T``, temperature (0
+      for greedy fitness, the paper's Easy setting), top-p, EOS and pad tokens.
     score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,
       called once per member (decode with a tokenizer and score with a verifier there).
-    max_new_tokens: decode budget ``T``.
     mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members; None runs
       everything on the default device.
     members_per_chunk: members vmapped together on a device (``M``); each device loops over its
       ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
-    temperature: 0 for greedy fitness (the paper's Easy setting).
-    top_p: nucleus mass, or None.
-    eos_ids: tokens that end a completion.
-    pad_id: filler after a completion ends.
-    sample_key: key for sampled decoding (required when temperature > 0); member ``i`` draws with
-      ``fold_in(sample_key, i)``, or all members with ``sample_key`` if ``share_sample_key``
-      (common random numbers).
+    sample_key: key for sampled decoding (required unless ``decoding`` is greedy); member
+      ``i`` draws with ``fold_in(sample_key, i)``, or all members with ``sample_key`` if
+      ``share_sample_key`` (common random numbers).
     share_sample_key: see ``sample_key``.
 
   Returns:
@@ -339,8 +325,8 @@ def evaluate_population(
     ``es_jax.fitness`` ranks worst.
 
   Raises:
-    TypeError: ``spec`` is not a ``NoiseSpec`` (the five noise settings are no longer keyword
-      arguments of their own).
+    TypeError: ``spec`` is not a ``NoiseSpec`` or ``decoding`` not a ``Decoding`` (the noise
+      and decode settings are not keyword arguments of their own).
   """
   spec = noise_lib.as_noise_spec(spec, "population.evaluate_population")
   population_size = spec.population_size
@@ -355,9 +341,13 @@ def evaluate_population(
   sigma_value = _checks.concrete_float(sigma)
   if sigma_value is not None and not sigma_value > 0:
     raise ValueError(f"sigma={sigma!r} must be > 0.")
-  if float(temperature) > 0 and sample_key is None:
-    raise ValueError(f"temperature={temperature} samples tokens: pass sample_key=.")
-  _checks.positive_int(max_new_tokens, "max_new_tokens")
+  if not isinstance(decoding, sampling.Decoding):
+    raise TypeError(
+      f"population.evaluate_population: decoding must be a sampling.Decoding, got "
+      f"{type(decoding).__name__}."
+    )
+  if not decoding.greedy and sample_key is None:
+    raise ValueError(f"temperature={decoding.temperature} samples tokens: pass sample_key=.")
   prompt_ids = np.asarray(prompt_ids, np.int32)
   prompt_mask = np.asarray(prompt_mask, bool)
   if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
@@ -368,7 +358,7 @@ def evaluate_population(
   num_prompts = prompt_ids.shape[0]
   if mesh is not None:
     params = sharding_lib.place_params(params, mesh)
-  use_top_p = top_p is not None and float(top_p) < 1.0
+  decoding = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), decoding)  # one dtype: no retrace
   out = population_completions(
     params,
     prompt_ids,
@@ -376,16 +366,11 @@ def evaluate_population(
     step_key,
     step_key if sample_key is None else sample_key,  # unused when greedy
     jnp.asarray(sigma, jnp.float32),
-    jnp.asarray(temperature, jnp.float32),
-    jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
+    decoding,
     config=config,
     spec=spec,
     members_per_chunk=members_per_chunk,
     mesh=mesh,
-    max_new_tokens=int(max_new_tokens),
-    eos_ids=tuple(int(e) for e in eos_ids),
-    pad_id=int(pad_id),
-    use_top_p=use_top_p,
     share_sample_key=share_sample_key,
   )
   members = sharding_lib.local_rows(out.tokens)[0]

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import functools
+import math
+import operator
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
@@ -21,8 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from es_jax import _checks, token_sampling
 from es_jax import member_axes as axes_lib
-from es_jax import token_sampling
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import (
   Params,
@@ -44,6 +47,86 @@ class Completions(NamedTuple):
   entropy: jax.Array  # [B, T] float32: full-distribution entropy of the untempered model.
   mask: jax.Array  # [B, T] bool: generated token (the EOS token included).
   lengths: jax.Array  # [B] int32: number of generated tokens, EOS included.
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class Decoding:
+  """How completions are decoded: the budget, the sampling and the stop tokens.
+
+  One value for the five decode settings, validated once on construction (a ValueError names
+  the field). A pytree: ``temperature`` and ``top_p`` are its leaves, traced under ``jit`` (a
+  new value does not recompile); ``max_new_tokens``, ``eos_ids`` and ``pad_id`` are static.
+  Greedy decoding (``temperature`` 0) and no nucleus (``top_p`` None or >= 1) are stored as
+  None, so they belong to the static structure and compile the cheaper program (argmax only).
+
+  Attributes:
+    max_new_tokens: decode budget ``T`` (static).
+    temperature: 0 (stored as None) for greedy, else > 0.
+    top_p: nucleus mass in (0, 1), or None.
+    eos_ids: tokens that end a completion (the EOS token is kept and counted in the length).
+    pad_id: filler after a completion ends.
+  """
+
+  max_new_tokens: int
+  temperature: float | jax.Array | None = 0.0
+  top_p: float | jax.Array | None = None
+  eos_ids: tuple[int, ...] = ()
+  pad_id: int = 0
+
+  def __post_init__(self):
+    def put(name, value):
+      object.__setattr__(self, name, value)
+
+    try:
+      put("max_new_tokens", operator.index(self.max_new_tokens))
+    except TypeError:
+      raise ValueError(
+        f"Decoding.max_new_tokens={self.max_new_tokens!r} must be an int (it is static)."
+      ) from None
+    _checks.positive_int(self.max_new_tokens, "Decoding.max_new_tokens")
+    put("eos_ids", tuple(int(e) for e in self.eos_ids))
+    put("pad_id", int(self.pad_id))
+    t = None if self.temperature is None else _checks.concrete_float(self.temperature)
+    if t is not None:  # traced values are checked by whoever traced them
+      if not (math.isfinite(t) and t >= 0):
+        raise ValueError(f"Decoding.temperature={t} must be a finite number >= 0.")
+      if t == 0:
+        put("temperature", None)
+    p = None if self.top_p is None else _checks.concrete_float(self.top_p)
+    if p is not None:
+      if not 0 < p <= 1:
+        raise ValueError(f"Decoding.top_p={p} must be in (0, 1] (or None).")
+      if p >= 1:
+        put("top_p", None)
+    if self.temperature is None:
+      put("top_p", None)  # greedy ignores the nucleus
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature is None
+
+  def generate_kwargs(self) -> dict:
+    """The keyword arguments `generate` and `generate_members` take for these settings."""
+    return dict(
+      max_new_tokens=self.max_new_tokens,
+      temperature=0.0 if self.greedy else self.temperature,
+      top_p=self.top_p,
+      eos_ids=self.eos_ids,
+      pad_id=self.pad_id,
+    )
+
+  def tree_flatten(self):
+    return (self.temperature, self.top_p), (self.max_new_tokens, self.eos_ids, self.pad_id)
+
+  @classmethod
+  def tree_unflatten(cls, static, leaves):
+    # No validation: leaves may be tracers, shardings or in_axes markers here.
+    out = object.__new__(cls)
+    names = ("max_new_tokens", "eos_ids", "pad_id", "temperature", "top_p")
+    for name, value in zip(names, (*static, *leaves), strict=True):
+      object.__setattr__(out, name, value)
+    return out
 
 
 def pad_prompts(
@@ -301,11 +384,11 @@ def generate(
     prompt_mask: [B, S] bool, False on padding.
     key: PRNG key; row draws at step t use fold_in(key, t).
     max_new_tokens: decode budget (static).
-    temperature: 0 for greedy; traced, so changing it does not recompile. A Python (or numpy)
-      0 compiles a greedy-only program that skips the sampling work (argmax only).
-    top_p: nucleus mass; None or >= 1 disables it (static switch, traced value).
-    eos_ids: tokens that end a row; the EOS token is kept (masked in) and counted in lengths.
-    pad_id: filler after a row ends.
+    max_new_tokens, temperature, top_p, eos_ids, pad_id: the decode settings, validated as a
+      `Decoding` (`**decoding.generate_kwargs()` passes one). temperature is traced, so changing
+      it does not recompile; a concrete 0 compiles a greedy-only program that skips the sampling
+      work (argmax only). top_p None or >= 1 disables the nucleus (a static switch; the value is
+      traced). The EOS token is kept (masked in) and counted in lengths.
     config: model config when passing a params dict.
     deltas, delta_scale: low-rank perturbations for the model (see es_jax.models.forward).
     unroll_layers: decode with per-layer copies of the weights in an unrolled layer loop
@@ -351,19 +434,18 @@ def _checked_prompts(caller: str, prompt_ids, prompt_mask, max_new_tokens: int):
 
 
 def _decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers) -> dict:
-  """`_generate`'s sampling arguments, normalised (static switches as Python values)."""
-  use_top_p = top_p is not None and not (isinstance(top_p, (int, float)) and top_p >= 1.0)
-  greedy = isinstance(temperature, (int, float, np.number)) and float(temperature) == 0.0
+  """`_generate`'s sampling arguments, normalised by `Decoding` (static switches as Python)."""
+  d = Decoding(max_new_tokens, temperature, top_p, eos_ids, pad_id)
   if unroll_layers is None:
     unroll_layers = default_unroll_layers()
   return dict(
-    temperature=jnp.asarray(temperature, jnp.float32),
-    top_p=jnp.asarray(1.0 if top_p is None else top_p, jnp.float32),
-    max_new_tokens=int(max_new_tokens),
-    eos_ids=tuple(int(e) for e in eos_ids),
-    use_top_p=use_top_p and not greedy,
-    pad_id=int(pad_id),
-    greedy=greedy,
+    temperature=jnp.asarray(0.0 if d.greedy else d.temperature, jnp.float32),
+    top_p=jnp.asarray(1.0 if d.top_p is None else d.top_p, jnp.float32),
+    max_new_tokens=d.max_new_tokens,
+    eos_ids=d.eos_ids,
+    use_top_p=d.top_p is not None,
+    pad_id=d.pad_id,
+    greedy=d.greedy,
     unroll_layers=bool(unroll_layers),
   )
 

@@ -205,10 +205,13 @@ class Study:
     self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
     self.config = config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
-    self.max_new_tokens = config_check.positive_int(
-      config.eval.max_new_tokens, "eval.max_new_tokens"
+    max_new_tokens = config_check.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
+    self.decoding = sampling.Decoding(
+      max_new_tokens,
+      self.temperature,
+      eos_ids=run_data.eos_ids(self.tokenizer),
+      pad_id=sampling.pad_id(self.tokenizer),
     )
-    self.eos_ids, self.pad_id = run_data.eos_ids(self.tokenizer), sampling.pad_id(self.tokenizer)
 
   def completions(self, kind: str, ids: np.ndarray, mask: np.ndarray, key: jax.Array):
     """tokens and mask [N, R, T] of every member on prompt rows ids/mask [R, S]."""
@@ -219,11 +222,8 @@ class Study:
         np.tile(ids, (self.members, 1)),
         np.tile(mask, (self.members, 1)),
         key=key,
-        max_new_tokens=self.max_new_tokens,
-        temperature=self.temperature,
-        eos_ids=self.eos_ids,
-        pad_id=self.pad_id,
         config=src["model_config"],
+        **self.decoding.generate_kwargs(),
       )
       shape = (self.members, ids.shape[0], -1)
       return np.asarray(out.tokens).reshape(shape), np.asarray(out.mask).reshape(shape)
@@ -234,16 +234,11 @@ class Study:
       src["step_key"],
       key,
       jnp.float32(self.sigma if kind == "es" else 0.0),
-      jnp.float32(self.temperature),
-      jnp.float32(1.0),
+      jax.tree.map(jnp.float32, self.decoding),
       config=src["model_config"],
       spec=self.spec,
       members_per_chunk=self.chunk,
       mesh=self.mesh,
-      max_new_tokens=self.max_new_tokens,
-      eos_ids=self.eos_ids,
-      pad_id=self.pad_id,
-      use_top_p=False,
       share_sample_key=False,
     )
     return np.asarray(out.tokens), np.asarray(out.mask)

@@ -8,7 +8,7 @@ HF export.
 One step (global step g = stage offset + local step s):
   step_key = fold_in(keys["noise"], g)                   # member i: fold_in(step_key, i)
   fitness, stats = es_jax.population.evaluate_population(
-      θ, prompts(g), step_key=step_key, spec=spec, ...)
+      θ, prompts(g), step_key=step_key, spec=spec, decoding=decoding, ...)
   θ, opt_state = optax.chain(es_gradient(spec), sgd(α) | adam(α)) applied with the same step_key
                                                          # (α traced: UpdateRule)
 
@@ -35,7 +35,7 @@ import optax
 
 from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
-from es_jax import metrics, models, noise, population, reference_arithmetic, sharding
+from es_jax import metrics, models, noise, population, reference_arithmetic, sampling, sharding
 from es_jax.rewards import failure_metrics
 from experiments import config_check, run_context, run_data, train_loop
 
@@ -179,6 +179,9 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
+  decoding = sampling.Decoding(
+    int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), ctx.eos_ids, ctx.pad_id
+  )
   rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
   learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
@@ -207,14 +210,10 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
         step_key=step_key,
         sigma=float(cfg.sigma),
         spec=spec,
+        decoding=decoding,
         score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
-        max_new_tokens=int(cfg.max_new_tokens),
         mesh=ctx.mesh,
         members_per_chunk=int(cfg.members_per_chunk),
-        temperature=float(cfg.temperature),
-        top_p=None if cfg.top_p >= 1.0 else float(cfg.top_p),
-        eos_ids=ctx.eos_ids,
-        pad_id=ctx.pad_id,
         sample_key=jax.random.fold_in(ctx.keys["sample"], g),
         share_sample_key=bool(cfg.share_sample_key),
       )

@@ -300,13 +300,14 @@ class Setup:
     rank = spec.rank
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
-    kw = dict(
-      config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, max_new_tokens=T,
-      eos_ids=(cfg.vocab_size - 1,), pad_id=0, use_top_p=float(c.top_p) < 1.0,
-      share_sample_key=False,
-    )  # fmt: skip
+    # The runner's decode settings, with abstract temperature and top-p (what it traces).
+    decoding = sampling.Decoding(
+      T, float(c.temperature), float(c.top_p), eos_ids=(cfg.vocab_size - 1,), pad_id=0
+    )
+    decoding = jax.tree.map(lambda _: scalar, decoding)
+    kw = dict(config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, share_sample_key=False)
     args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))
-    args += (_key(mesh), _key(mesh), scalar, scalar, scalar)
+    args += (_key(mesh), _key(mesh), scalar, decoding)
     lowered = population.population_completions.lower(*args, **kw)
     return lowered, lambda: self._members_step(m, P_, T, rank), (T * n) // (self.pop * m)
 

@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, noise, population, sharding
+from es_jax import es, grpo_train, noise, population, sampling, sharding
 
 CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5
@@ -47,9 +47,17 @@ def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
 
   spec = noise.NoiseSpec(N)
   fitness, stats = population.evaluate_population(
-    p, ids, np.ones_like(ids, bool), config=CONFIG, step_key=step_key, sigma=SIGMA,
-    spec=spec, score_fn=score, max_new_tokens=3, mesh=mesh,
-  )  # fmt: skip
+    p,
+    ids,
+    np.ones_like(ids, bool),
+    config=CONFIG,
+    step_key=step_key,
+    sigma=SIGMA,
+    spec=spec,
+    decoding=sampling.Decoding(3),
+    score_fn=score,
+    mesh=mesh,
+  )
   opt = optax.chain(es.es_gradient(spec), optax.sgd(ALPHA))
   apply = jax.jit(
     lambda p, s, f: optax.apply_updates(p, opt.update(p, s, p, fitness=f, key=step_key)[0])

@@ -37,20 +37,22 @@ def score_low_half(tokens, mask):
 
 
 SPEC_FIELDS = ("population_size", "antithetic", "rank", "low_rank_vectors", "precision")
+DECODE_FIELDS = ("temperature", "top_p", "eos_ids", "pad_id")
 
 
 def _evaluate(params, step_key, **overrides):
   """population.evaluate_population with this file's defaults; the noise settings among
-  ``overrides`` make the run's ``NoiseSpec``."""
+  ``overrides`` make the run's ``NoiseSpec``, the decode settings its ``Decoding``."""
   ids, mask = _prompts()
   spec = {k: overrides.pop(k) for k in SPEC_FIELDS if k in overrides}
+  decode = {k: overrides.pop(k) for k in DECODE_FIELDS if k in overrides}
   kw = dict(
     config=CONFIG,
     step_key=step_key,
     sigma=SIGMA,
     spec=noise.NoiseSpec(**{"population_size": N, **spec}),
+    decoding=sampling.Decoding(T, **decode),
     score_fn=score_low_half,
-    max_new_tokens=T,
     mesh=sharding.make_mesh(),
   )
   kw.update(overrides)
@@ -235,16 +237,17 @@ def test_bad_inputs_raise(key):
   with pytest.raises(ValueError, match=r"sigma=nan must be > 0"):
     _evaluate(params, key, sigma=float("nan"))
   ids, mask = _prompts()
-  with pytest.raises(TypeError, match="NoiseSpec"):  # the five settings travel as one spec
-    population.evaluate_population(
-      params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, spec=N,
-      score_fn=score_low_half, max_new_tokens=T,
-    )  # fmt: skip
+  kw = dict(config=CONFIG, step_key=key, sigma=SIGMA, score_fn=score_low_half)
+  decoding = sampling.Decoding(T)
+  with pytest.raises(TypeError, match="NoiseSpec"):  # the five noise settings: one spec
+    population.evaluate_population(params, ids, mask, spec=N, decoding=decoding, **kw)
   with pytest.raises(TypeError, match="population_size"):  # the old keyword arguments
-    population.evaluate_population(
-      params, ids, mask, config=CONFIG, step_key=key, sigma=SIGMA, population_size=N,
-      score_fn=score_low_half, max_new_tokens=T,
-    )  # fmt: skip
+    population.evaluate_population(params, ids, mask, population_size=N, decoding=decoding, **kw)
+  spec = noise.NoiseSpec(N)
+  with pytest.raises(TypeError, match="sampling.Decoding"):  # the decode settings: one value
+    population.evaluate_population(params, ids, mask, spec=spec, decoding=T, **kw)
+  with pytest.raises(TypeError, match="max_new_tokens"):
+    population.evaluate_population(params, ids, mask, spec=spec, max_new_tokens=T, **kw)
   with pytest.raises(ValueError, match="precision"):
     _evaluate(params, key, rank=2, precision="bf16_faithful")
   with pytest.raises(ValueError, match="score_fn returned shape"):

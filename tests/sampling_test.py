@@ -9,7 +9,7 @@ from tiny_models import torch_model
 
 from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
-from es_jax.sampling import _generate, generate, generate_members, pad_prompts
+from es_jax.sampling import Decoding, _generate, generate, generate_members, pad_prompts
 from es_jax.token_sampling import (
   _inverse_cdf,
   _nucleus_threshold,
@@ -242,6 +242,38 @@ def test_no_retrace_on_second_call(tiny):
   ids2 = np.asarray(ids)[::-1].copy()  # new values, same shapes; new temperature value
   generate(p, ids2, mask[::-1].copy(), key=jax.random.key(9), temperature=0.9, **kw)
   assert _generate._cache_size() == before
+
+
+def test_decoding_validates_once_and_keeps_its_static_structure():
+  """Greedy and no-nucleus are structure (None leaves); temperature and top-p values are leaves."""
+  d = Decoding(np.int64(8), 0.0, 0.9, eos_ids=[np.int32(2)], pad_id=np.int32(1))
+  assert (d.max_new_tokens, d.eos_ids, d.pad_id) == (8, (2,), 1)
+  assert type(d.max_new_tokens) is int and d.greedy and d.top_p is None  # greedy drops top-p
+  assert jax.tree.leaves(d) == []
+  assert Decoding(8, 0.7, 1.0).top_p is None  # top_p >= 1 is no nucleus
+  sampled = [Decoding(8, t, 0.9, eos_ids=(2,)) for t in (0.5, 0.9)]
+  assert jax.tree.leaves(sampled[0]) == [0.5, 0.9]
+  same = {jax.tree.structure(x) for x in sampled}
+  assert len(same) == 1 and jax.tree.structure(d) not in same
+  assert jax.tree.structure(Decoding(8, 0.5)) not in same  # top-p on/off: a static switch
+  assert Decoding(8, 0.5, 0.9).generate_kwargs() == dict(
+    max_new_tokens=8, temperature=0.5, top_p=0.9, eos_ids=(), pad_id=0
+  )
+  assert d.generate_kwargs()["temperature"] == 0.0
+  # Under jit the leaves are tracers; the static part rides along unchanged.
+  out = jax.jit(lambda x: x.temperature * 2)(sampled[0])
+  assert float(out) == 1.0
+  bad = [
+    (dict(max_new_tokens=0), "Decoding.max_new_tokens=0"),
+    (dict(max_new_tokens=2.5), "Decoding.max_new_tokens=2.5 must be an int"),
+    (dict(max_new_tokens=4, temperature=-1.0), "Decoding.temperature=-1.0"),
+    (dict(max_new_tokens=4, temperature=float("nan")), "Decoding.temperature=nan"),
+    (dict(max_new_tokens=4, temperature=1.0, top_p=0.0), r"Decoding.top_p=0.0 must be in \(0, 1\]"),
+    (dict(max_new_tokens=4, temperature=1.0, top_p=1.5), "Decoding.top_p=1.5"),
+  ]
+  for kw, match in bad:
+    with pytest.raises(ValueError, match=match):
+      Decoding(**kw)
 
 
 def test_vmap_over_params_equals_individual_calls(tiny):

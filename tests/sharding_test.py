@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, noise, population, sharding
+from es_jax import es, grpo_train, noise, population, sampling, sharding
 from es_jax.models import forward, positions_from_mask
 
 CONFIG = micro_config()
@@ -184,9 +184,17 @@ def _es_step(params, mesh, rank, *, min_size=256):
   step_key = jax.random.key(5)
   spec = noise.NoiseSpec(N, rank=rank)
   fitness, stats = population.evaluate_population(
-    params, ids, np.ones_like(ids, bool), config=STEP_CONFIG, step_key=step_key, sigma=SIGMA,
-    spec=spec, score_fn=_low_tokens, max_new_tokens=2, mesh=mesh,
-  )  # fmt: skip
+    params,
+    ids,
+    np.ones_like(ids, bool),
+    config=STEP_CONFIG,
+    step_key=step_key,
+    sigma=SIGMA,
+    spec=spec,
+    decoding=sampling.Decoding(2),
+    score_fn=_low_tokens,
+    mesh=mesh,
+  )
   opt = optax.chain(es.es_gradient(spec, sharded=sharded), optax.sgd(ALPHA))
 
   @jax.jit
@@ -279,11 +287,19 @@ def test_model_sharded_update_and_population_gather_no_parameter():
 
   ids = np.zeros((2, 4), np.int32)
   program = population.population_completions.lower(
-    params, ids, np.ones_like(ids, bool), key, key, jnp.float32(SIGMA), jnp.float32(0.0),
-    jnp.float32(1.0), config=STEP_CONFIG, spec=noise.NoiseSpec(N), members_per_chunk=1,
-    mesh=mesh, max_new_tokens=2,
-    eos_ids=(), pad_id=0, use_top_p=False, share_sample_key=False,
-  )  # fmt: skip
+    params,
+    ids,
+    np.ones_like(ids, bool),
+    key,
+    key,
+    jnp.float32(SIGMA),
+    sampling.Decoding(2),
+    config=STEP_CONFIG,
+    spec=noise.NoiseSpec(N),
+    members_per_chunk=1,
+    mesh=mesh,
+    share_sample_key=False,
+  )
   hlo = program.compile().as_text()
   assert "all-gather" in hlo  # activations are gathered over 'model' (the parser sees them)
   gathers, arrays = _full_gathers_and_arrays(hlo, full)

@@ -102,7 +102,7 @@ def child(args) -> dict:
   import numpy as np
   import optax
 
-  from es_jax import es, noise, population
+  from es_jax import es, noise, population, sampling
   from es_jax.models import params as model_params
 
   n, M = args._child, args.members_per_chunk
@@ -126,9 +126,10 @@ def child(args) -> dict:
     updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=key)
     return optax.apply_updates(params, updates), opt_state
 
+  decoding = sampling.Decoding(T)  # greedy
   eval_kw = dict(
-    config=config, step_key=step_key, sigma=args.sigma, spec=spec, score_fn=score,
-    max_new_tokens=T, members_per_chunk=M,
+    config=config, step_key=step_key, sigma=args.sigma, spec=spec, decoding=decoding,
+    score_fn=score, members_per_chunk=M,
   )  # fmt: skip
   state = {"params": params, "opt_state": optimizer.init(params)}
   del params
@@ -159,11 +160,19 @@ def child(args) -> dict:
   # XLA's plan for the same two programs (lowered with the arguments evaluate passes).
   jnp = jax.numpy
   lowered = population.population_completions.lower(
-    state["params"], ids, mask, step_key, step_key, jnp.float32(args.sigma), jnp.float32(0.0),
-    jnp.float32(1.0), config=config, spec=spec, members_per_chunk=M, mesh=None,
-    max_new_tokens=T,
-    eos_ids=(), pad_id=0, use_top_p=False, share_sample_key=False,
-  )  # fmt: skip
+    state["params"],
+    ids,
+    mask,
+    step_key,
+    step_key,
+    jnp.float32(args.sigma),
+    decoding,
+    config=config,
+    spec=spec,
+    members_per_chunk=M,
+    mesh=None,
+    share_sample_key=False,
+  )
   out["xla_evaluate"] = _analysis(lowered.compile())
   out["xla_update"] = _analysis(
     apply_update.lower(state["params"], state["opt_state"], fitness, step_key).compile()

@@ -32,10 +32,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from es_jax import noise, population, sharding
+from es_jax import noise, population, sampling, sharding
 from es_jax.models import Transformer, get_config, load_default
 from es_jax.models import params as model_params
-from es_jax.sampling import generate
 
 
 def _time_round_robin(cases: dict, repeats: int) -> dict[str, tuple[float, float]]:
@@ -110,16 +109,17 @@ def main(argv=None):
       config=config,
       step_key=key,
       sigma=args.sigma,
-      population_size=N,
+      spec=noise.NoiseSpec(N, rank=rank),
+      decoding=sampling.Decoding(T),  # greedy
       score_fn=_score,
-      max_new_tokens=T,
       mesh=mesh,
       members_per_chunk=members_per_chunk,
-      rank=rank,
     )[0]
 
   def infer(batch_ids, batch_mask):
-    return generate(params, batch_ids, batch_mask, key=step_key, max_new_tokens=T, config=config)
+    return sampling.generate(
+      params, batch_ids, batch_mask, key=step_key, max_new_tokens=T, config=config
+    )
 
   batch_ids, batch_mask = np.tile(ids, (N, 1)), np.tile(mask, (N, 1))
   base = f"inference, one batch of {N * P}"

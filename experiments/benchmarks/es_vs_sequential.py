@@ -39,10 +39,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from es_jax import es, noise, population
+from es_jax import es, noise, population, sampling
 from es_jax import fitness as fitness_lib
 from es_jax.models import params as model_params
-from es_jax.sampling import generate
 from experiments.benchmarks._common import load_model, workload_parser
 
 
@@ -102,7 +101,9 @@ def sequential_step(params, ids, mask, *, config, step_key, sigma, lr, n, max_ne
     t0 = time.perf_counter()
     params = _sync(_perturb(params, step_key, idx, sigma))
     t1 = time.perf_counter()
-    out = generate(params, ids, mask, key=step_key, max_new_tokens=max_new_tokens, config=config)
+    out = sampling.generate(
+      params, ids, mask, key=step_key, max_new_tokens=max_new_tokens, config=config
+    )
     rewards[i] = score(np.asarray(out.tokens), np.asarray(out.mask))
     t2 = time.perf_counter()
     params = _sync(_restore(params, step_key, idx, sigma))
@@ -161,9 +162,17 @@ def main(argv=None):
   def batched_step(params, members_per_chunk, phases):
     t0 = time.perf_counter()
     fitness, _ = population.evaluate_population(
-      params, ids, mask, config=config, step_key=step_key, sigma=args.sigma,
-      spec=spec, score_fn=score, max_new_tokens=T, members_per_chunk=members_per_chunk,
-    )  # fmt: skip
+      params,
+      ids,
+      mask,
+      config=config,
+      step_key=step_key,
+      sigma=args.sigma,
+      spec=spec,
+      decoding=sampling.Decoding(T),  # greedy
+      score_fn=score,
+      members_per_chunk=members_per_chunk,
+    )
     t1 = time.perf_counter()
     params, _ = _sync(apply_update(params, optimizer.init(params), fitness, step_key))
     phases["evaluate (generate + score)"] += t1 - t0
