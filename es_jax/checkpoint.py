@@ -53,6 +53,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from es_jax import noise
+
 _log = logging.getLogger(__name__)
 
 _COMMIT_MARKER = "commit_success.txt"  # written last by Orbax 0.12 on every file system
@@ -165,15 +167,7 @@ def tree_digest(tree: Any) -> str:
 
 def _path_name(path: tuple[Any, ...]) -> str:
   """A pytree path as "a/b/0/c", the same for a NamedTuple and the dict Orbax restores it as."""
-  parts = []
-  for k in path:
-    for attr in ("key", "name", "idx"):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-    else:
-      parts.append(str(k))
-  return "/".join(parts)
+  return "/".join(map(str, noise.path_names(path)))
 
 
 def _tree_manifest(tree: Any) -> dict[str, dict[str, Any]]:

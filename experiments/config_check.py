@@ -35,9 +35,10 @@ class ConfigError(ValueError):
 Rule = Callable[[Any], str | None]
 
 
-def fail(field: str, value: Any, need: str) -> ConfigError:
-  """The error for `config.<field>=<value>` with what is allowed."""
-  return ConfigError(f"config.{field}={value!r} is invalid: {need}.")
+def fail(field: str, value: Any, need: str, *, prefix: str = "config.") -> ConfigError:
+  """The error for `config.<field>=<value>` with what is allowed (`prefix=""` for a function
+  argument rather than a config field)."""
+  return ConfigError(f"{prefix}{field}={value!r} is invalid: {need}.")
 
 
 def _is_int(x: Any) -> bool:
@@ -437,10 +438,10 @@ def user_errors(what: str):
     raise ConfigError(f"{what}: {e}") from e
 
 
-def check(cond: bool, field: str, value: Any, need: str) -> None:
+def check(cond: bool, field: str, value: Any, need: str, *, prefix: str = "config.") -> None:
   """Raises ConfigError (a ValueError) naming the config field when `cond` is false."""
   if not cond:
-    raise fail(field, value, need)
+    raise fail(field, value, need, prefix=prefix)
 
 
 def positive_int(value: Any, field: str) -> int:

@@ -372,7 +372,6 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
   ]
   lines = eval_results.markdown_header(head)
   for r in rows:
-    lo, hi = r["js_succ_ci"]
     pol = "–" if r["js_pol"] is None else f"{r['js_pol']:.4f} ({r['js_pol_prompts']} prompts)"
     lines.append(
       eval_results.markdown_row(
@@ -383,7 +382,7 @@ def markdown(rows: list[dict], source: dict[str, Any], config) -> str:
           r["problems"],
           f"{r['sigma']:g}",
           f"{r['pass@1']:.3f}",
-          f"{r['js_succ']:.4f} [{lo:.4f}, {hi:.4f}]",
+          eval_results.interval_cell(r["js_succ"], r["js_succ_ci"]),
           f"{r['js_succ_plugin']:.4f}",
           f"{r['union_population']:.3f}",
           f"{r['union_single_policy']:.3f}",
@@ -474,8 +473,7 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
     return "–" if v is None else f"{v:.{digits}f}"
 
   for t in table:
-    ci = t["js_succ_ci"]
-    js = "–" if t["js_succ"] is None else f"{t['js_succ']:.4f} [{ci[0]:.4f}, {ci[1]:.4f}]"
+    js = eval_results.interval_cell(t["js_succ"], t["js_succ_ci"])
     cells = [t["checkpoint"], t["global_step"], js, f(t["union_population"]), f(t["pass@1"])]
     lines.append(eval_results.markdown_row([*cells, f(t[f"pass@{k}"]), f(t[f"pass@{k}_gain"])]))
   steps = [t["global_step"] for t in table]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -258,6 +259,14 @@ def _cell(column: str, value: Any) -> str:
 def markdown_row(cells: Sequence[Any]) -> str:
   """One markdown table row: ``| a | b | c |``."""
   return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def interval_cell(value: float | None, interval: Sequence[float] | None, digits: int = 4) -> str:
+  """``value [lo, hi]`` (a statistic and its confidence interval), "–" without a value."""
+  if value is None:
+    return "–"
+  lo, hi = interval or (math.nan, math.nan)
+  return f"{value:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
 
 
 def markdown_header(head: Sequence[Any]) -> list[str]:

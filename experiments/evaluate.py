@@ -50,7 +50,7 @@ import tqdm
 from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, models, rewards, sampling
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data
-from experiments.config_check import ConfigError, check, positive_int
+from experiments.config_check import check, positive_int
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
@@ -67,9 +67,8 @@ class TaskSpec(NamedTuple):
   examples: Sequence[dict]
 
 
-def _check(cond: bool, field: str, value: Any, need: str):
-  if not cond:
-    raise ConfigError(f"{field}={value!r} is invalid: {need}.")
+# evaluate_model's arguments are not config fields: the same error without "config.".
+_check = functools.partial(check, prefix="")
 
 
 class EvaluationStopped(Exception):

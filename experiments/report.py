@@ -2,7 +2,8 @@
 
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/cmp \
         --config.method=report --config.report.workdirs=runs/demo/base,runs/es,runs/grpo \
-        [--config.report.names=base,ES,GRPO] [--config.report.out=DIR]
+        [--config.report.names=base,ES,GRPO | --config.report.names=es=ES,grpo=GRPO] \
+        [--config.report.out=DIR]
 
 Every number is read from the run directories' own files; nothing is re-run:
 
@@ -16,6 +17,14 @@ Every number is read from the run directories' own files; nothing is re-run:
                                   rollout entropy (`entropy/mean`) over steps
   diversity/table.json            JS_succ of the ES population (experiments.diversity)
   config.json                     method, order and settings
+
+A `method=diversity` workdir among the workdirs is not a row: its diversity/table.json is the
+JS_succ of the run its `diversity.run` names (which must be among the runs), so a study need not
+be copied into the run it measured.
+
+`names` is either one label per run, in the order the runs are found (printed in the report's
+settings), or `dir=label` pairs keyed by a run's directory name (or path); runs not named keep
+their default label (ES, GRPO, GRPO→ES, ... from their configs).
 
 A workdir that is not itself a run (no eval/, metrics.jsonl or config.json), e.g. a demo's, stands
 for the runs in its subdirectories; a sequential run's `stage<i>_<method>` subdirectory stands for
@@ -50,7 +59,7 @@ METHOD_LABELS = {"es": "ES", "grpo": "GRPO", "evaluate": "base"}
 ORDER_LABELS = {"grpo_es": "GRPO→ES", "es_grpo": "ES→GRPO"}
 STAGE_DIR = re.compile(r"^stage(\d+)_(\w+)$")
 # The order a demo's subdirectories are reported in; other names follow, sorted.
-DEMO_ORDER = ("base", "es", "grpo", "grpo_es", "es_grpo")
+DEMO_ORDER = ("base", "es", "es_coverage", "grpo", "grpo_es", "es_grpo")
 NA = "n/a"
 
 
@@ -148,16 +157,69 @@ def load_run(path: str, name: str | None = None) -> Run:
     run.rows = read_metrics(os.path.join(root, METRICS_FILE))
     if stage:
       run.rows = [r for r in run.rows if r.get("stage") == stage]
-  div = os.path.join(root, "diversity", "table.json")
-  if os.path.exists(div):
-    rows = [r for r in _read_json(div).get("rows", []) if r.get("kind") == "es"]
-    run.diversity = rows[0] if rows else None
+  _attach_diversity(run, root)
   if stage:
     run.eval_missing = "a stage of a sequential run: the final evaluation is its parent's"
   else:
     _load_eval(run, os.path.join(path, "eval"))
   run.name = name or default_name(run)
   return run
+
+
+def _attach_diversity(run: Run, study_dir: str) -> None:
+  """The ES population's row of `study_dir`/diversity/table.json, if there is one, into `run`."""
+  div = os.path.join(study_dir, "diversity", "table.json")
+  if os.path.exists(div):
+    rows = [r for r in _read_json(div).get("rows", []) if r.get("kind") == "es"]
+    run.diversity = rows[0] if rows else run.diversity
+
+
+def _diversity_target(path: str) -> str | None:
+  """The run a `method=diversity` workdir measured (its `diversity.run`), else None."""
+  config_path = os.path.join(path, "config.json")
+  if _stage_of(path) or not os.path.exists(config_path):
+    return None
+  c = _read_json(config_path)
+  if c.get("method") != "diversity":
+    return None
+  target = str((c.get("diversity") or {}).get("run") or "")
+  if not target:
+    raise ValueError(f"{config_path}: a method=diversity run without diversity.run.")
+  return target
+
+
+def _same_dir(a: str, b: str) -> bool:
+  return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _names_by_path(names: list[str], paths: list[str]) -> list[str | None]:
+  """One label (or None: the default) per path, from `names` (module docstring)."""
+  pairs = [n for n in names if "=" in n]
+  if not pairs:
+    if names and len(names) != len(paths):
+      raise ValueError(
+        f"config.report.names: {len(names)} names for {len(paths)} runs ({', '.join(paths)}); "
+        "give one name per run, or dir=label pairs, or none."
+      )
+    return list(names) or [None] * len(paths)
+  if len(pairs) != len(names):
+    raise ValueError(
+      f"config.report.names: {names} mixes labels and dir=label pairs; use one form."
+    )
+  out: list[str | None] = [None] * len(paths)
+  for pair in pairs:
+    key, label = (s.strip() for s in pair.split("=", 1))
+    hits = [
+      i
+      for i, p in enumerate(paths)
+      if key == os.path.basename(os.path.normpath(p)) or _same_dir(key, p)
+    ]
+    if len(hits) != 1 or not label:
+      found = [os.path.basename(os.path.normpath(p)) for p in paths]
+      why = "an empty label" if not label else f"{len(hits)} runs match {key!r}"
+      raise ValueError(f"config.report.names: {pair!r}: {why}; the runs are {found}.")
+    out[hits[0]] = label
+  return out
 
 
 def _stem(label: str) -> str:
@@ -356,8 +418,7 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
     cells.append(_fmt(drift, digits=4) if drift is not None else NA)
     if run.diversity is not None:
       d = run.diversity
-      lo, hi = d.get("js_succ_ci") or (math.nan, math.nan)
-      cells.append(f"{d['js_succ']:.4f} [{lo:.4f}, {hi:.4f}]")
+      cells.append(eval_results.interval_cell(d["js_succ"], d.get("js_succ_ci")))
     else:
       cells.append(NA)
       notes.append(f"{run.name}: JS_succ: no diversity/table.json (method=diversity) in the run.")
@@ -426,18 +487,25 @@ def build(
     ValueError: naming the field or file: bad workdirs, names, or unreadable records.
   """
   paths = expand(_split(workdirs))
-  names = _split(names)
-  if names and len(names) != len(paths):
-    raise ValueError(
-      f"config.report.names: {len(names)} names for {len(paths)} runs ({', '.join(paths)}); give "
-      "one name per run, or none."
-    )
-  runs = [load_run(p, names[i] if names else None) for i, p in enumerate(paths)]
+  studies = {p: t for p in paths if (t := _diversity_target(p)) is not None}
+  paths = [p for p in paths if p not in studies]
+  if not paths:
+    raise ValueError(f"config.report.workdirs: {workdirs!r} holds only diversity studies.")
+  labels = _names_by_path(_split(names), paths)
+  runs = [load_run(p, label) for p, label in zip(paths, labels, strict=True)]
+  for study, target in studies.items():
+    hits = [r for r in runs if not r.stage and _same_dir(r.path, target)]
+    if not hits:
+      raise ValueError(
+        f"config.report.workdirs: the diversity study {study!r} measured {target!r}, which is "
+        "not among the runs; add it to the workdirs."
+      )
+    _attach_diversity(hits[0], study)
   seen: dict[str, int] = {}
-  for run in runs:  # unique names: repeats get their directory name
+  for run in runs:  # unique names: repeated default labels get their directory name
     seen[run.name] = seen.get(run.name, 0) + 1
-  for run in runs:
-    if seen[run.name] > 1 and not names:
+  for run, label in zip(runs, labels, strict=True):
+    if seen[run.name] > 1 and label is None:
       run.name = f"{run.name} ({os.path.basename(os.path.normpath(run.path))})"
   if len({r.name for r in runs}) != len(runs):
     raise ValueError(

@@ -242,6 +242,39 @@ def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
     assert os.path.getsize(result["figures"][name]) > 1000
 
 
+def test_names_by_directory_and_a_diversity_study_in_its_own_workdir(runs, tmp_path):
+  """dir=label names cannot follow the wrong order; a method=diversity workdir is not a row but
+  the JS_succ of the run its diversity.run names."""
+  study = tmp_path / "studies" / "es_div"
+  os.makedirs(study / "diversity")
+  os.rename(runs / "es" / "diversity" / "table.json", study / "diversity" / "table.json")
+  config = {"method": "diversity", "diversity": {"run": str(runs / "es")}}
+  eval_results.write_json(str(study / "config.json"), config)
+  workdirs = f"{runs},{study}"
+  result = report.build(workdirs, str(tmp_path / "out"), names="grpo_es=Seq,es=Evo")
+  text = open(result["report"]).read()
+  head = _header(text)
+  evo = dict(zip(head, _row(text, "Evo"), strict=True))
+  assert evo["steps"] == "4" and evo["JS_succ [95% CI]"] == "0.0123 [0.0100, 0.0150]"
+  assert _row(text, "Seq")[1] == "2+2" and _row(text, "base")[1] == "n/a"  # unnamed: default
+  assert "es_div" not in " ".join(result["runs"])
+  # Without the study, the run has no JS_succ (the table moved out of it).
+  alone = report.build(str(runs), str(tmp_path / "out2"))
+  assert _row(open(alone["report"]).read(), "ES")[head.index("JS_succ [95% CI]")] == "n/a"
+  bad = [
+    ("es=A,B", "mixes labels and dir=label pairs"),
+    ("nope=A", r"'nope=A': 0 runs match 'nope'; the runs are \['base', 'es', 'grpo_es'\]"),
+    ("es=", "an empty label"),
+  ]
+  for names, match in bad:
+    with pytest.raises(ValueError, match=match):
+      report.build(workdirs, str(tmp_path / "o"), names=names)
+  with pytest.raises(ValueError, match="es_div.* measured .*es', which is not among the runs"):
+    report.build(f"{runs / 'base'},{study}", str(tmp_path / "o"))
+  with pytest.raises(ValueError, match="holds only diversity studies"):
+    report.build(str(study), str(tmp_path / "o"))
+
+
 def test_run_method_config_and_bad_input(runs, tmp_path):
   c = base_config()
   c.method = "report"

@@ -5,10 +5,11 @@ import json
 import math
 import os
 
+import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from es_jax import models
+from es_jax import models, noise
 from es_jax.checkpoint import Checkpointer
 from experiments import model_io
 from experiments.configs import demo as demo_config
@@ -50,15 +51,13 @@ def checkpoint_params(ckpt_dir, step=None):
     ckpt.close()
   state = restored.state
   params = state["params"] if isinstance(state, dict) and "params" in state else state[0]
-  return restored.meta["step"], {"/".join(map(str, k)): np.asarray(v) for k, v in leaves(params)}
+  return restored.meta["step"], named_leaves(params)
 
 
-def leaves(tree, prefix=()):
-  if isinstance(tree, dict):
-    for k in sorted(tree):
-      yield from leaves(tree[k], (*prefix, k))
-  else:
-    yield prefix, tree
+def named_leaves(tree) -> dict[str, np.ndarray]:
+  """{"layers/wq": array, ...}: every leaf by its path."""
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  return {"/".join(map(str, noise.path_names(p))): np.asarray(v) for p, v in flat}
 
 
 def assert_trained(workdir, params, dtype=None):
@@ -70,7 +69,7 @@ def assert_trained(workdir, params, dtype=None):
   assert spread and max(spread) > 0, "rewards never varied"
   model, _ = model_io.load_model(smoke_config(demo_config).model, seed=0)
   base = models.params(model) if dtype is None else models.cast_params(models.params(model), dtype)
-  base = {"/".join(map(str, k)): np.asarray(v) for k, v in leaves(base)}
+  base = named_leaves(base)
   assert set(base) == set(params)
   assert any(not np.array_equal(params[k], base[k]) for k in params), "weights never moved"
 

@@ -191,8 +191,10 @@ def base_config() -> ml_collections.ConfigDict:
     checkpoints=False,
   )
   # method="report": a report across runs, read from their files (experiments/report.py).
-  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs); names: one
-  # label per run ("" = from each run's config); out: "" = WORKDIR/report.
+  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
+  # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
+  # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
+  # WORKDIR/report.
   c.report = dict(workdirs="", names="", out="")
   return c
 
