@@ -44,8 +44,15 @@ CHIPS = {
   "v6e": Chip("TPU v6e", 32 * GIB, 918e12, 1638e9, "v6e"),
 }
 # jax.Device.device_kind of each chip (libtpu 0.0.42.1).
-DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5": "v5p",
-                "TPU v5p": "v5p", "TPU v6 lite": "v6e", "TPU v6e": "v6e"}  # fmt: skip
+DEVICE_KINDS = {
+  "TPU v4": "v4",
+  "TPU v5 lite": "v5e",
+  "TPU v5e": "v5e",
+  "TPU v5": "v5p",
+  "TPU v5p": "v5p",
+  "TPU v6 lite": "v6e",
+  "TPU v6e": "v6e",
+}
 # Programs each experiment method runs (experiments.tpu_plan compiles the same).
 METHOD_PROGRAMS = {
   "es": ("es_population", "es_update", "eval"),
@@ -351,9 +358,16 @@ def predict(
   master = str(grpo.get("master_dtype", "float32") or "") or None
   if program == "es_population":
     return population_estimate(
-      c, population_size=int(es.population_size), members_per_chunk=int(es.members_per_chunk),
-      num_prompts=prompts, prompt_len=prompt_len, max_new_tokens=int(es.max_new_tokens),
-      rank=int(es.rank) or None, pop=pop, model=model)  # fmt: skip
+      c,
+      population_size=int(es.population_size),
+      members_per_chunk=int(es.members_per_chunk),
+      num_prompts=prompts,
+      prompt_len=prompt_len,
+      max_new_tokens=int(es.max_new_tokens),
+      rank=int(es.rank) or None,
+      pop=pop,
+      model=model,
+    )
   if program == "es_update":
     return es_update_estimate(
       c, population_size=int(es.population_size), optimizer=es.optimizer, model=model, chip=chip
@@ -364,14 +378,28 @@ def predict(
     )
   if program == "grpo_rollout":
     return generate_estimate(
-      c, rows=rows, prompt_len=prompt_len, max_new_tokens=int(grpo.max_new_tokens), pop=pop,
-      model=model, param_dtype=master)  # fmt: skip
+      c,
+      rows=rows,
+      prompt_len=prompt_len,
+      max_new_tokens=int(grpo.max_new_tokens),
+      pop=pop,
+      model=model,
+      param_dtype=master,
+    )
   if program == "grpo_update":
     T = int(grpo.max_new_tokens)
     return grpo_update_estimate(
-      c, rows=rows, seq_len=prompt_len + T, completion_len=T,
-      micro_batch_size=int(grpo.micro_batch_size), with_reference=float(grpo.beta) > 0, pop=pop,
-      model=model, master_dtype=master, remat=bool(grpo.get("remat", False)))  # fmt: skip
+      c,
+      rows=rows,
+      seq_len=prompt_len + T,
+      completion_len=T,
+      micro_batch_size=int(grpo.micro_batch_size),
+      with_reference=float(grpo.beta) > 0,
+      pop=pop,
+      model=model,
+      master_dtype=master,
+      remat=bool(grpo.get("remat", False)),
+    )
   raise ValueError(f"memory_plan.predict: unknown program {program!r}")
 
 

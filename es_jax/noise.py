@@ -630,6 +630,11 @@ def perturb_member(
   """
   key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
   return perturb(
-    params, key, sign * jnp.asarray(sigma, jnp.float32), rank=rank,
-    low_rank_vectors=low_rank_vectors, precision=precision, sharded=sharded,
-  )  # fmt: skip
+    params,
+    key,
+    sign * jnp.asarray(sigma, jnp.float32),
+    rank=rank,
+    low_rank_vectors=low_rank_vectors,
+    precision=precision,
+    sharded=sharded,
+  )

@@ -176,9 +176,14 @@ def population_completions(
           params_i = reference_arithmetic.perturb(params, key_i, sigma)
         else:
           params_i = noise_lib.perturb_member(
-            params, step_key, i, sigma, antithetic=antithetic, precision=precision,
+            params,
+            step_key,
+            i,
+            sigma,
+            antithetic=antithetic,
+            precision=precision,
             sharded=model_sharded,
-          )  # fmt: skip
+          )
         # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute
         # dtype, fused with the perturbation (no float32 member copy).
         params_i = cast_params(params_i, config.jnp_dtype)

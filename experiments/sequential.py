@@ -68,8 +68,9 @@ KL_REFERENCES = ("base", "stage1")
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Both stages, then the final evaluation and export of the second stage's params."""
   reference = config.sequential.kl_reference
-  config_check.check(reference in KL_REFERENCES, "sequential.kl_reference", reference,
-                  f"use one of {KL_REFERENCES}")  # fmt: skip
+  config_check.check(
+    reference in KL_REFERENCES, "sequential.kl_reference", reference, f"use one of {KL_REFERENCES}"
+  )
   with checkpoint.sigterm_scope():  # one flag for both stages and the final evaluation
     ctx = run_context.make_context(config, workdir)
     params = ctx.base_params

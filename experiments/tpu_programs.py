@@ -240,14 +240,22 @@ class Setup:
     common.update(dtype=self.model_config.dtype, prompt_len=self.prompt_len)
     per = {
       "es_population": dict(
-        population_size=es.population_size, members_per_chunk=es.members_per_chunk,
-        rank=es.rank, prompts=c.data.prompts_per_step, max_new_tokens=es.max_new_tokens),
+        population_size=es.population_size,
+        members_per_chunk=es.members_per_chunk,
+        rank=es.rank,
+        prompts=c.data.prompts_per_step,
+        max_new_tokens=es.max_new_tokens,
+      ),
       "es_update": dict(population_size=es.population_size, optimizer=es.optimizer),
       "eval": dict(batch_size=ev.batch_size, max_new_tokens=ev.max_new_tokens),
       "grpo_rollout": dict(rows=self._grpo_rows(), max_new_tokens=grpo.max_new_tokens),
-      "grpo_update": dict(rows=self._grpo_rows(), mini_batch_size=self._grpo_mini(),
-                          micro_batch_size=grpo.micro_batch_size, beta=grpo.beta),
-    }  # fmt: skip
+      "grpo_update": dict(
+        rows=self._grpo_rows(),
+        mini_batch_size=self._grpo_mini(),
+        micro_batch_size=grpo.micro_batch_size,
+        beta=grpo.beta,
+      ),
+    }
     return {**common, **per[name]}
 
   def fit(self, name: str, chip: memory_plan.Chip, *, step_cost=True) -> dict[str, Any] | None:
@@ -322,10 +330,16 @@ class Setup:
       base = abstract_params(cfg, mesh)
       p_i, d_i, _ = jax.eval_shape(
         lambda p: population.low_rank_member(
-          p, jax.random.key(0), 0, 1.0, rank=rank, antithetic=bool(c.antithetic),
-          low_rank_vectors=c.low_rank_vectors),
+          p,
+          jax.random.key(0),
+          0,
+          1.0,
+          rank=rank,
+          antithetic=bool(c.antithetic),
+          low_rank_vectors=c.low_rank_vectors,
+        ),
         base,
-      )  # fmt: skip
+      )
       own = population.member_owned_leaves(base, rank=rank, low_rank_vectors=c.low_rank_vectors)
       leaves = [
         _sds((m, *x.shape), x.dtype, mesh) if o else b
@@ -338,10 +352,20 @@ class Setup:
 
     def step(params, deltas, ids, mask, keys, temperature):
       return sampling.generate_members(
-        params, ids, mask, keys=keys, params_axes=axes, deltas=deltas, deltas_axes=daxes,
-        delta_scale=None if rank is None else jnp.float32(0.001), max_new_tokens=self.prompt_len
-        + T - 1, config=cfg, temperature=temperature, eos_ids=(cfg.vocab_size - 1,),
-        unroll_layers=sampling.default_unroll_layers(mesh))  # fmt: skip
+        params,
+        ids,
+        mask,
+        keys=keys,
+        params_axes=axes,
+        deltas=deltas,
+        deltas_axes=daxes,
+        delta_scale=None if rank is None else jnp.float32(0.001),
+        max_new_tokens=self.prompt_len + T - 1,
+        config=cfg,
+        temperature=temperature,
+        eos_ids=(cfg.vocab_size - 1,),
+        unroll_layers=sampling.default_unroll_layers(mesh),
+      )
 
     ids, mask = self._prompts(mesh, num_prompts, 1)
     scalar = _sds((), jnp.float32, mesh)
@@ -370,9 +394,17 @@ class Setup:
 
     def run(params, ids, mask, key):
       return sampling.generate(
-        params, ids, mask, key=key, max_new_tokens=T, temperature=temperature,
-        top_p=None if top_p >= 1.0 else float(top_p), eos_ids=(cfg.vocab_size - 1,), config=cfg,
-        unroll_layers=sampling.default_unroll_layers(mesh))  # fmt: skip
+        params,
+        ids,
+        mask,
+        key=key,
+        max_new_tokens=T,
+        temperature=temperature,
+        top_p=None if top_p >= 1.0 else float(top_p),
+        eos_ids=(cfg.vocab_size - 1,),
+        config=cfg,
+        unroll_layers=sampling.default_unroll_layers(mesh),
+      )
 
     ids, mask = self._prompts(mesh, rows, length, spec)
     return jax.jit(run).lower(abstract_params(cfg, mesh, dtype=dtype), ids, mask, _key(mesh))
@@ -425,14 +457,32 @@ class Setup:
     state = grpo_train.GRPOState(params, opt, _sds((), jnp.int32, mesh))
     row = lambda *shape, dtype: _sds((rows, *shape), dtype, mesh, P("pop"))  # noqa: E731
     batch = grpo_rollout.GRPOBatch(
-      tokens=row(S, dtype=jnp.int32), mask=row(S, dtype=bool), loss_mask=row(S - 1, dtype=bool),
-      sampler_logp=row(S - 1, dtype=jnp.float32), advantages=row(dtype=jnp.float32),
-      completion_length=T)  # fmt: skip
+      tokens=row(S, dtype=jnp.int32),
+      mask=row(S, dtype=bool),
+      loss_mask=row(S - 1, dtype=bool),
+      sampler_logp=row(S - 1, dtype=jnp.float32),
+      advantages=row(dtype=jnp.float32),
+      completion_length=T,
+    )
     ref = abstract_params(cfg, mesh) if float(g.beta) > 0 else None
     scalar = _sds((), jnp.float32, mesh)
     lowered = grpo_train._update_step.lower(
-      state, batch, ref, scalar, scalar, scalar, config=cfg, optimizer=optimizer,
-      mini_batch_size=mini, micro_batch_size=micro, aggregation=g.aggregation,
-      use_sampler_logp=False, chunk_size=None, remat=bool(g.remat), mesh=mesh, data_axis="pop",
-      state_shardings=tuple(map(grpo_train._canonical, jax.tree.leaves(state))))  # fmt: skip
+      state,
+      batch,
+      ref,
+      scalar,
+      scalar,
+      scalar,
+      config=cfg,
+      optimizer=optimizer,
+      mini_batch_size=mini,
+      micro_batch_size=micro,
+      aggregation=g.aggregation,
+      use_sampler_logp=False,
+      chunk_size=None,
+      remat=bool(g.remat),
+      mesh=mesh,
+      data_axis="pop",
+      state_shardings=tuple(map(grpo_train._canonical, jax.tree.leaves(state))),
+    )
     return lowered, None, (rows // mini) * (mini // (micro * self.pop))

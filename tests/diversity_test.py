@@ -163,8 +163,12 @@ def test_diversity_over_checkpoints(tmp_path, monkeypatch):
   per_step = c.data.prompts_per_step
   with Checkpointer(str(tmp_path / "run" / "checkpoints"), async_save=False) as ckpt:
     for step, p in ((1, params), (3, moved)):
-      ckpt.save(step, state={"params": p}, meta={"step": step, "data_position": step * per_step,
-                                                  "config": c.to_dict()}, force=True)  # fmt: skip
+      ckpt.save(
+        step,
+        state={"params": p},
+        meta={"step": step, "data_position": step * per_step, "config": c.to_dict()},
+        force=True,
+      )
   monkeypatch.setattr(diversity.rewards, "is_correct", lambda text, ex, task: len(text) % 2 == 0)
   diversity.run(c, str(tmp_path / "out"))
   out = tmp_path / "out" / "diversity"

@@ -377,9 +377,15 @@ def test_one_spec_evaluation_and_update_agree(key, kw):
   tx = es.es_gradient(spec, shaping=lambda r: r)
   for i in (0, 5):
     member = noise.perturb_member(
-      params, key, i, SIGMA, antithetic=spec.antithetic, rank=spec.rank,
-      low_rank_vectors=spec.low_rank_vectors, precision=spec.precision,
-    )  # fmt: skip
+      params,
+      key,
+      i,
+      SIGMA,
+      antithetic=spec.antithetic,
+      rank=spec.rank,
+      low_rank_vectors=spec.low_rank_vectors,
+      precision=spec.precision,
+    )
     onehot = jnp.zeros((N,)).at[i].set(N)
     updates, _ = tx.update(None, tx.init(params), params, fitness=onehot, key=key)
     for u, m in zip(jax.tree.leaves(updates), jax.tree.leaves(member), strict=True):

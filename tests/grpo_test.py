@@ -265,9 +265,15 @@ def test_jit_no_retrace_with_traced_hyperparameters():
     traces.append(aggregation)
     advantages, stats = grpo.group_advantages(rewards, std="unbiased")
     loss, metrics = grpo.grpo_loss(
-      logp, old, ref, advantages.reshape(-1), mask,
-      beta=beta, eps_high=eps_high, aggregation=aggregation,
-    )  # fmt: skip
+      logp,
+      old,
+      ref,
+      advantages.reshape(-1),
+      mask,
+      beta=beta,
+      eps_high=eps_high,
+      aggregation=aggregation,
+    )
     return loss, metrics, stats
 
   rng = _rng(4)

@@ -28,9 +28,15 @@ CONFIG = get_config(
 P, G, T, TARGET = 4, 4, 8, 7  # prompts, generations, completion tokens, the rewarded token
 SGD = optax.sgd(0.5)  # plain SGD: a parameter change is exactly −lr × gradient
 EXACT = dict(  # settings of the exactness tests: token_mean is the aggregation that needs weights
-  config=CONFIG, optimizer=SGD, mini_batch_size=8, micro_batch_size=1, beta=0.1, eps_low=0.2,
-  eps_high=0.28, aggregation="token_mean",
-)  # fmt: skip
+  config=CONFIG,
+  optimizer=SGD,
+  mini_batch_size=8,
+  micro_batch_size=1,
+  beta=0.1,
+  eps_low=0.2,
+  eps_high=0.28,
+  aggregation="token_mean",
+)
 ADAM = gt.make_optimizer(3e-2)
 TRAIN = dict(config=CONFIG, optimizer=ADAM, mini_batch_size=16, micro_batch_size=4)
 
@@ -126,8 +132,11 @@ def test_sharded_step_equals_single_device_step(exact_steps):
   (single, m_single), (sharded, m_sharded) = exact_steps
   assert len(sharded.params["embed"].sharding.device_set) == 8
   assert int(single.step) == int(sharded.step) == 2  # 16 rows / mini-batches of 8
-  moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(), single.params,
-                       params(Transformer(CONFIG, rngs=nnx.Rngs(0))))  # fmt: skip
+  moved = jax.tree.map(
+    lambda a, b: np.abs(np.asarray(a) - np.asarray(b)).max(),
+    single.params,
+    params(Transformer(CONFIG, rngs=nnx.Rngs(0))),
+  )
   assert max(jax.tree.leaves(moved)) > 1e-3  # the step did something to compare
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
@@ -145,8 +154,9 @@ def test_micro_batches_and_mini_batches_equal_explicit_gradients(setup, exact_st
   def loss(p, rows):
     logp = full_logp(p, batch.tokens[rows], batch.mask[rows])
     kw = {k: EXACT[k] for k in ("beta", "eps_low", "eps_high", "aggregation")}
-    return grpo_loss(logp, old[rows], old[rows], batch.advantages[rows], batch.loss_mask[rows],
-                     **kw)  # fmt: skip
+    return grpo_loss(
+      logp, old[rows], old[rows], batch.advantages[rows], batch.loss_mask[rows], **kw
+    )
 
   grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
   p = params0
@@ -187,8 +197,9 @@ def test_grpo_raises_reward_and_collapses_entropy(setup):
   rewards, entropies, compiled = [], [], None
   for _ in range(30):
     key, key_sample = jax.random.split(key)
-    completions, batch = gt.rollout(state.params, ids, mask, config=CONFIG, key=key_sample,
-                                    num_generations=G, max_new_tokens=T)  # fmt: skip
+    completions, batch = gt.rollout(
+      state.params, ids, mask, config=CONFIG, key=key_sample, num_generations=G, max_new_tokens=T
+    )
     r = np.mean(np.asarray(completions.tokens) == TARGET, axis=1).reshape(P, G)
     batch, _ = gt.with_advantages(batch, r)
     rewards.append(r.mean())

@@ -55,8 +55,14 @@ def _predict(topology, preset, program, overrides):
   model = int(config.mesh.model)
   pop = int(config.mesh.pop) or 8 // model  # the topologies above have 8 devices
   return memory_plan.predict(
-    program, config, models.get_config(preset), pop=pop, model=model, prompt_len=256,
-    chip=topology.split(":")[0])  # fmt: skip
+    program,
+    config,
+    models.get_config(preset),
+    pop=pop,
+    model=model,
+    prompt_len=256,
+    chip=topology.split(":")[0],
+  )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}-{len(c[3])}")

@@ -74,9 +74,15 @@ def grpo_step(mesh, allgather=None) -> dict[str, np.ndarray]:
   opt = optax.sgd(0.5)
   state = grpo_train.init_state(p0, opt, mesh=mesh)
   completions, batch = grpo_train.rollout(
-    state.params, ids, mask, config=CONFIG, key=jax.random.key(2), num_generations=4,
-    max_new_tokens=4, mesh=mesh,
-  )  # fmt: skip
+    state.params,
+    ids,
+    mask,
+    config=CONFIG,
+    key=jax.random.key(2),
+    num_generations=4,
+    max_new_tokens=4,
+    mesh=mesh,
+  )
   tokens, cmask = completions.tokens, completions.mask
   if allgather is not None:  # rows live on both processes: every host needs all of them
     tokens, cmask = allgather(tokens, tiled=True), allgather(cmask, tiled=True)
@@ -84,7 +90,14 @@ def grpo_step(mesh, allgather=None) -> dict[str, np.ndarray]:
   batch, _ = grpo_train.with_advantages(batch, rewards)
   ref = grpo_train.replicate(p0, mesh) if mesh is not None else p0
   new, _ = grpo_train.update_step(
-    state, batch, ref, config=CONFIG, optimizer=opt, mini_batch_size=8, micro_batch_size=1,
-    beta=0.1, mesh=mesh,
-  )  # fmt: skip
+    state,
+    batch,
+    ref,
+    config=CONFIG,
+    optimizer=opt,
+    mini_batch_size=8,
+    micro_batch_size=1,
+    beta=0.1,
+    mesh=mesh,
+  )
   return {**flat(new.params, "grpo/"), "grpo_rewards": rewards}

@@ -34,7 +34,7 @@ def _run_workers(tmp_path):
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       env=env,
-    )  # fmt: skip
+    )
     for i, out in enumerate(outs)
   ]
   start, logs = time.monotonic(), []

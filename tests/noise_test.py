@@ -73,9 +73,7 @@ def test_multi_block_leaf_follows_the_block_rule_in_every_consumer(key):
   np.testing.assert_array_equal(got["big"], np.float32(0.25) + np.float32(0.5) * want)
   # The update regenerates the blocks member by member: (1/N) sum_i w_i eps_i.
   w = jnp.asarray([0.5, -1.0, 2.0])
-  direction = jax.jit(
-    lambda p: es.es_update_direction(p, w, key, population_size=3)
-  )(params)["big"]  # fmt: skip
+  direction = jax.jit(lambda p: es.es_update_direction(p, w, key, population_size=3))(params)["big"]
   explicit = (
     sum(
       float(w[i]) * _normal(jax.random.fold_in(noise.member_key(key, i), 0), (129, 1024))

@@ -14,9 +14,13 @@ def test_readme_python_example_runs_and_improves():
   section = text[text.index("## Python API") :]
   code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
   out = subprocess.run(
-    [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+    [sys.executable, "-c", code],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=600,
     env={**os.environ, "JAX_PLATFORMS": "cpu"},
-  )  # fmt: skip
+  )
   assert out.returncode == 0, out.stderr[-2000:]
   before, after = map(float, re.fullmatch(r"fitness (\S+) -> (\S+)\n", out.stdout).groups())
   assert before == -36.0

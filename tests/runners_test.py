@@ -238,8 +238,10 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)
   assert es.run(longer, str(tmp_path))["stopped"] is False
   meta = f"{evaluate.task_label(config.eval.task)}.meta.json"
-  digests = [json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
-             for d in ("eval.stale-1", "eval")]  # fmt: skip
+  digests = [
+    json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
+    for d in ("eval.stale-1", "eval")
+  ]
   for step, digest in zip((1, 2), digests, strict=True):
     with Checkpointer(str(tmp_path / "checkpoints"), async_save=False) as ckpt:
       state = ckpt.restore(step).state

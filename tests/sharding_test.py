@@ -230,8 +230,10 @@ def test_es_step_model_sharded_equals_pop_only_and_one_device(rank):
   assert sum("model" in s for s in specs) >= 5, specs  # the matrices really are split
   assert new["layers"]["w_up"].sharding.spec == P(None, None, "model")  # and stay split
   assert len(np.unique(fitness)) > 2, fitness  # rewards vary across members
-  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(new),
-              jax.tree.leaves(params), strict=True))  # fmt: skip
+  moved = max(
+    float(jnp.abs(a - b).max())
+    for a, b in zip(jax.tree.leaves(new), jax.tree.leaves(params), strict=True)
+  )
   assert moved > 1e-2, moved
   for name in set(runs) - {"4x2"}:
     _, fit_o, stats_o, new_o = runs[name]
@@ -332,8 +334,10 @@ def test_grpo_step_model_sharded_equals_one_device():
     state, grpo_train.shard_batch(batch, mesh), split, mesh=mesh, **step
   )
   assert sharded.params["layers"]["w_up"].sharding.spec[2] == "model"  # still split
-  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(single.params),
-              jax.tree.leaves(params0), strict=True))  # fmt: skip
+  moved = max(
+    float(jnp.abs(a - b).max())
+    for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(params0), strict=True)
+  )
   assert moved > 1e-3, moved
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(sharded.params), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

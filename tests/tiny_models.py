@@ -121,13 +121,21 @@ def micro_config(**overrides):
   for tests that build params from shapes; `overrides` replace fields."""
   from es_jax.models import ModelConfig
 
-  fields = dict(vocab_size=32, hidden_size=16, num_layers=2, num_heads=2, num_kv_heads=1,
-                intermediate_size=32, max_position_embeddings=64)  # fmt: skip
+  fields = dict(
+    vocab_size=32,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=32,
+    max_position_embeddings=64,
+  )
   return ModelConfig(**{**fields, **overrides})
 
 
-def random_params(config, seed: int = 0, *, norms: str = "one", vectors: float | None = None,
-                  xp=None):  # fmt: skip
+def random_params(
+  config, seed: int = 0, *, norms: str = "one", vectors: float | None = None, xp=None
+):
   """Random params of `config`'s shapes, in numpy (no per-shape init compiles), one
   `rng.randn` per leaf in `param_shapes` order.
 

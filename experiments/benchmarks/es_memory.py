@@ -128,9 +128,14 @@ def child(args) -> dict:
 
   decoding = sampling.Decoding(T)  # greedy
   eval_kw = dict(
-    config=config, step_key=step_key, sigma=args.sigma, spec=spec, decoding=decoding,
-    score_fn=score, members_per_chunk=M,
-  )  # fmt: skip
+    config=config,
+    step_key=step_key,
+    sigma=args.sigma,
+    spec=spec,
+    decoding=decoding,
+    score_fn=score,
+    members_per_chunk=M,
+  )
   state = {"params": params, "opt_state": optimizer.init(params)}
   del params
 
@@ -209,9 +214,11 @@ def main(argv=None):
   parser.add_argument("--members_per_chunk", type=int, default=4, help="M, the same for both N")
   parser.add_argument("--sigma", type=float, default=1e-3, help="σ")
   parser.add_argument(
-    "--xla", action=argparse.BooleanOptionalAction, default=True,
+    "--xla",
+    action=argparse.BooleanOptionalAction,
+    default=True,
     help="also report XLA's compiled memory analysis (compiles both programs once more)",
-  )  # fmt: skip
+  )
   parser.add_argument("--tolerance", type=float, default=0.10, help="goal: ratio <= 1 + this")
   parser.add_argument("--_child", type=int, default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -240,8 +247,10 @@ def main(argv=None):
     f"{_mib(a['param_bytes'] * m1)} MiB"
   )
   if not a["peak_reset"]:
-    print("note: /proc/self/clear_refs is not writable: 'first step' and 'step' peaks are process "
-          "peaks (load included)")  # fmt: skip
+    print(
+      "note: /proc/self/clear_refs is not writable: 'first step' and 'step' peaks are process "
+      "peaks (load included)"
+    )
 
   rows = [
     ("peak RSS, load (MiB)", "load_peak"),
@@ -253,8 +262,10 @@ def main(argv=None):
   for label, key in rows:
     print(f"{label:<44} {_mib(a[key]):>10} {_mib(b[key]):>10} {b[key] / a[key]:7.3f}")
   growth_a, growth_b = a["step_peak"] - a["rss_before"], b["step_peak"] - b["rss_before"]
-  print(f"{'step growth above RSS before it (MiB)':<44} {_mib(growth_a):>10} {_mib(growth_b):>10} "
-        f"{growth_b / max(growth_a, 1):7.3f}")  # fmt: skip
+  print(
+    f"{'step growth above RSS before it (MiB)':<44} {_mib(growth_a):>10} {_mib(growth_b):>10} "
+    f"{growth_b / max(growth_a, 1):7.3f}"
+  )
   print(f"{'step seconds (compiled)':<44} {a['step_seconds']:10.2f} {b['step_seconds']:10.2f}")
   for prog in ("evaluate", "update"):
     xa, xb = a[f"xla_{prog}"], b[f"xla_{prog}"]
@@ -265,8 +276,10 @@ def main(argv=None):
       label = f"XLA {prog}: {field} (MiB)"
       ratio = f"{xb[field] / xa[field]:7.3f}" if xa[field] else f"{'-':>7}"
       print(f"{label:<44} {_mib(xa[field]):>10} {_mib(xb[field]):>10} {ratio}")
-    print(f"{f'XLA {prog}: total / θ':<44} {xa['total'] / a['param_bytes']:10.2f} "
-          f"{xb['total'] / b['param_bytes']:10.2f}")  # fmt: skip
+    print(
+      f"{f'XLA {prog}: total / θ':<44} {xa['total'] / a['param_bytes']:10.2f} "
+      f"{xb['total'] / b['param_bytes']:10.2f}"
+    )
 
   ratio = b["step_peak"] / a["step_peak"]
   first_ratio = b["first_peak"] / a["first_peak"]

@@ -130,13 +130,19 @@ def main(argv=None):
   parser.add_argument("--sigma", type=float, default=0.01, help="σ")
   parser.add_argument("--repeats", type=int, default=5, help="timed steps per side")
   parser.add_argument(
-    "--looped", action=argparse.BooleanOptionalAction, default=True,
+    "--looped",
+    action=argparse.BooleanOptionalAction,
+    default=True,
     help="also time the batched step with M = 1",
-  )  # fmt: skip
+  )
   args = parser.parse_args(argv)
   N, P, S, T, M = (
-    args.population, args.prompts, args.prompt_len, args.max_new_tokens, args.members_per_chunk
-  )  # fmt: skip
+    args.population,
+    args.prompts,
+    args.prompt_len,
+    args.max_new_tokens,
+    args.members_per_chunk,
+  )
 
   t0 = time.perf_counter()
   params0, config = load_params(args.model)
@@ -181,9 +187,17 @@ def main(argv=None):
 
   def run_sequential(params, phases):
     return sequential_step(
-      params, ids, mask, config=config, step_key=step_key, sigma=args.sigma,
-      lr=args.learning_rate, n=N, max_new_tokens=T, phases=phases,
-    )  # fmt: skip
+      params,
+      ids,
+      mask,
+      config=config,
+      step_key=step_key,
+      sigma=args.sigma,
+      lr=args.learning_rate,
+      n=N,
+      max_new_tokens=T,
+      phases=phases,
+    )
 
   sides = {f"batched (M={M})": functools.partial(batched_step, members_per_chunk=M)}
   if args.looped and M != 1:

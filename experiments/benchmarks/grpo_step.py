@@ -69,9 +69,14 @@ def load_model(name: str):
   tokenizer = default_tokenizer()
   if name == "small":
     config = get_config(
-      "smollm2-135m", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
-      intermediate_size=1024, head_dim=None,
-    )  # fmt: skip
+      "smollm2-135m",
+      hidden_size=256,
+      num_layers=4,
+      num_heads=4,
+      num_kv_heads=2,
+      intermediate_size=1024,
+      head_dim=None,
+    )
   elif name == "smollm2-135m":
     config = get_config("smollm2-135m")
   else:
@@ -104,9 +109,13 @@ def bench_es_jax(model, tokenizer, prompts, args) -> dict[str, float]:
     rewards = np.array([vowel_reward(t) for t in texts], np.float32).reshape(-1, G)
     batch, _ = gt.with_advantages(batch, rewards)
     state, metrics = gt.update_step(
-      state, batch, config=config, optimizer=optimizer, mini_batch_size=batch_rows,
+      state,
+      batch,
+      config=config,
+      optimizer=optimizer,
+      mini_batch_size=batch_rows,
       micro_batch_size=args.micro_batch_size,
-    )  # fmt: skip
+    )
     jax.block_until_ready(state)
     t2 = time.perf_counter()
     if step:  # step 0 compiles
@@ -147,8 +156,11 @@ def bench_trl(hf_dir, tokenizer, prompts, args) -> dict[str, float] | None:
 
     def on_step_end(self, *a, **kw):
       self.marks.append((time.perf_counter(), generation_time[0]))
-      print(f"  TRL    step {len(self.marks) - 2}: {self.marks[-1][0] - self.marks[-2][0]:6.2f} s "
-            f"(generation {self.marks[-1][1] - self.marks[-2][1]:5.2f} s)", flush=True)  # fmt: skip
+      print(
+        f"  TRL    step {len(self.marks) - 2}: {self.marks[-1][0] - self.marks[-2][0]:6.2f} s "
+        f"(generation {self.marks[-1][1] - self.marks[-2][1]:5.2f} s)",
+        flush=True,
+      )
 
   def reward(prompts, completions, **kwargs):
     return [vowel_reward(c) for c in completions]
@@ -157,20 +169,40 @@ def bench_trl(hf_dir, tokenizer, prompts, args) -> dict[str, float] | None:
   dataset = Dataset.from_dict({"prompt": [p for _ in range(steps) for p in prompts]})
   with tempfile.TemporaryDirectory() as out_dir:
     config = GRPOConfig(
-      output_dir=out_dir, per_device_train_batch_size=micro,
-      gradient_accumulation_steps=batch_rows // micro, num_generations=G,
-      max_completion_length=T, generation_kwargs={"min_new_tokens": T}, temperature=1.0,
-      top_p=1.0, top_k=0, beta=0.0, loss_type="grpo", scale_rewards="group", learning_rate=1e-6,
-      max_steps=steps, bf16=False, gradient_checkpointing=False, use_cpu=True,
-      logging_steps=1, report_to="none", save_strategy="no", shuffle_dataset=False, seed=0,
+      output_dir=out_dir,
+      per_device_train_batch_size=micro,
+      gradient_accumulation_steps=batch_rows // micro,
+      num_generations=G,
+      max_completion_length=T,
+      generation_kwargs={"min_new_tokens": T},
+      temperature=1.0,
+      top_p=1.0,
+      top_k=0,
+      beta=0.0,
+      loss_type="grpo",
+      scale_rewards="group",
+      learning_rate=1e-6,
+      max_steps=steps,
+      bf16=False,
+      gradient_checkpointing=False,
+      use_cpu=True,
+      logging_steps=1,
+      report_to="none",
+      save_strategy="no",
+      shuffle_dataset=False,
+      seed=0,
       disable_tqdm=True,
-    )  # fmt: skip
+    )
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     timer = StepTimer()
     trainer = TimedGRPOTrainer(
-      model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
-      processing_class=tokenizer, callbacks=[timer],
-    )  # fmt: skip
+      model=model,
+      reward_funcs=[reward],
+      args=config,
+      train_dataset=dataset,
+      processing_class=tokenizer,
+      callbacks=[timer],
+    )
     trainer.remove_callback(PrinterCallback)  # the per-step log dicts; the timer prints instead
     trainer.train()
   marks = np.array(timer.marks[1:])  # the first step (warm-up) is the first interval, dropped

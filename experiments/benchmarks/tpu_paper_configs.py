@@ -42,8 +42,12 @@ def run_case(name: str, step_cost: bool) -> list[dict]:
       prompt_len=256,
       chip=topology.split(":")[0],
     )
-    r["predicted"] = {"argument": est.argument, "output": est.output, "temp": est.temp,
-                      "total": est.total}  # fmt: skip
+    r["predicted"] = {
+      "argument": est.argument,
+      "output": est.output,
+      "temp": est.temp,
+      "total": est.total,
+    }
     r["case"] = name
   print(f"== {name}: {path} on {topology} {' '.join(overrides)} ({time.time() - start:.0f} s)")
   print(tpu_plan.format_table(results, memory_plan.chip_for(topology)))
