@@ -12,6 +12,8 @@ Evaluates the base model, runs each method of `config.demo.runs` with the budget
                                           (± standard errors), the settings and the plots
   pareto.png, pass_at_k.png               Pass@1 vs Pass@n, Pass@k vs k per method
   entropy.png, reward.png                 rollout entropy and training reward over steps
+                                          (sequential stage boundaries dotted)
+  reward_samples.png                      training reward over completions generated
 
 Rerunning resumes: finished runs are skipped, an interrupted one continues from its checkpoint.
 A SIGTERM (one flag for the whole demo) saves the current run and starts no later one.

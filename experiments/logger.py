@@ -360,6 +360,15 @@ class RunLogger:
     if self._sync_to is not None and time.monotonic() - self._last_sync > self._sync_secs:
       self.flush()
 
+  def summaries(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """TensorBoard summaries of `metrics` at `step`, without a metrics.jsonl line (for results
+    kept in files of their own, such as the final evaluation's eval/table.json)."""
+    if self._writer is None:
+      return
+    now = time.time()
+    for name, v in _flatten(metrics).items():
+      self._summarise(name, to_json_value(v, name=name), int(step), now)
+
   def _summarise(self, name: str, value: Any, step: int, walltime: float) -> None:
     if isinstance(value, bool | int | float) or value is None:
       scalar = float("nan") if value is None else float(value)

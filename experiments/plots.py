@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 Series = tuple[Sequence[float], Sequence[float]]
 
@@ -86,6 +87,59 @@ def plot_pass_at_k(
   return _save(fig, path)
 
 
+def metric_figure(
+  series: Mapping[str, Series],
+  *,
+  ylabel: str,
+  xlabel: str = "step",
+  title: str | None = None,
+  smoothing: int = 1,
+  boundaries: Mapping[str, Sequence[float]] | None = None,
+) -> Figure:
+  """The figure of `plot_metric_over_steps` (arguments the same, less the path).
+
+  The x axis has integer ticks (steps, samples) and the y axis plain values, no offset (an
+  offset makes noise of 1e-3 read as swings).
+
+  Args:
+    series: label → (steps, values). NaN values leave gaps.
+    ylabel: the metric's name.
+    xlabel: the x axis' name.
+    title: figure title.
+    smoothing: window of a trailing moving average drawn over the raw values (1: none).
+    boundaries: label → x positions of stage boundaries (a sequential run's switch from one
+      method to the next), drawn as dotted vertical lines in that series' colour.
+
+  Returns:
+    The matplotlib Figure (not yet drawn).
+  """
+  series = _checked(series, "plot_metric_over_steps")
+  if smoothing < 1:
+    raise ValueError(f"plot_metric_over_steps: smoothing must be >= 1, got {smoothing}.")
+  unknown = sorted(set(boundaries or {}) - set(series))
+  if unknown:
+    raise ValueError(f"plot_metric_over_steps: boundaries for {unknown}, which have no series.")
+  fig = Figure(figsize=(6.0, 4.0))
+  ax = fig.add_subplot()
+  for label, (step, value) in series.items():
+    if smoothing == 1:
+      (line,) = ax.plot(step, value, label=label)
+    else:
+      (line,) = ax.plot(step, value, alpha=0.3)
+      ax.plot(step, moving_average(value, smoothing), color=line.get_color(), label=label)
+    for x in (boundaries or {}).get(label, ()):
+      ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.2)
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+  ax.ticklabel_format(axis="y", useOffset=False)
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.grid(True, alpha=0.3)
+  ax.legend()
+  if title:
+    ax.set_title(title)
+  return fig
+
+
 def plot_metric_over_steps(
   series: Mapping[str, Series],
   path: str | os.PathLike,
@@ -94,37 +148,13 @@ def plot_metric_over_steps(
   xlabel: str = "step",
   title: str | None = None,
   smoothing: int = 1,
+  boundaries: Mapping[str, Sequence[float]] | None = None,
 ) -> str:
-  """A metric over training steps (reward, entropy, drift...), one line per run.
-
-  Args:
-    series: label → (steps, values). NaN values leave gaps.
-    path: the PNG to write.
-    ylabel: the metric's name.
-    xlabel: the x axis' name.
-    title: figure title.
-    smoothing: window of a trailing moving average drawn over the raw values (1: none).
-
-  Returns:
-    The path written.
-  """
-  series = _checked(series, "plot_metric_over_steps")
-  if smoothing < 1:
-    raise ValueError(f"plot_metric_over_steps: smoothing must be >= 1, got {smoothing}.")
-  fig = Figure(figsize=(6.0, 4.0))
-  ax = fig.add_subplot()
-  for label, (step, value) in series.items():
-    if smoothing == 1:
-      ax.plot(step, value, label=label)
-      continue
-    (line,) = ax.plot(step, value, alpha=0.3)
-    ax.plot(step, moving_average(value, smoothing), color=line.get_color(), label=label)
-  ax.set_xlabel(xlabel)
-  ax.set_ylabel(ylabel)
-  ax.grid(True, alpha=0.3)
-  ax.legend()
-  if title:
-    ax.set_title(title)
+  """A metric over training steps (reward, entropy, drift...), one line per run, as a PNG at
+  `path` (see `metric_figure` for the arguments); returns the path written."""
+  fig = metric_figure(
+    series, ylabel=ylabel, xlabel=xlabel, title=title, smoothing=smoothing, boundaries=boundaries
+  )
   return _save(fig, path)
 
 

@@ -13,8 +13,9 @@ Every number is read from the run directories' own files; nothing is re-run:
   eval/timing.jsonl               evaluation seconds, summed over resumed segments
   metrics.jsonl                   steps (per stage for sequential runs), Σ step_seconds (training
                                   minutes, each step once after a resume), the last `drift`,
-                                  training reward (ES `fitness/mean`, GRPO `reward/mean`) and
-                                  rollout entropy (`entropy/mean`) over steps
+                                  training reward (`train/reward`; ES `fitness/mean`, GRPO
+                                  `reward/mean` in runs that predate it) over steps and over
+                                  `train/samples`, rollout entropy (`entropy/mean`) over steps
   diversity/table.json            JS_succ of the ES population (experiments.diversity)
   config.json                     method, order and settings
 
@@ -35,7 +36,7 @@ Standard errors are over problems: s/√m for the m per-problem estimates (Pass@
 per-problem value, greedy and Maj@k's 0/1), the binomial SE for 0/1 values; the token-weighted
 entropy uses the delta-method SE of a ratio. Written into `report.out` (default WORKDIR/report):
 report.md, pareto.png, pass_at_k.png (one of each per task when several tasks were evaluated),
-reward.png and entropy.png when a run logged them.
+reward.png, reward_samples.png and entropy.png when a run logged them.
 """
 
 from __future__ import annotations
@@ -351,13 +352,84 @@ def last_value(run: Run, key: str) -> float | None:
   return values[-1] if values else None
 
 
-def series(run: Run, key: str) -> tuple[list[int], list[float]] | None:
+def series(run: Run, key: str) -> list[list[float]] | None:
   pts = [
     (r["step"], r[key])
     for r in run.rows
     if isinstance(r.get(key), int | float) and math.isfinite(r[key])
   ]
   return (list(map(list, zip(*pts, strict=True)))) if pts else None
+
+
+# Training reward: the name both runners log; runs logged before it have the per-method names.
+REWARD_KEYS = ("train/reward",)
+LEGACY_REWARD_KEYS = ("fitness/mean", "reward/mean")
+
+
+def _reward_series(run: Run, x_key: str | None = None) -> list[list[float]] | None:
+  """(steps, or `x_key` values, e.g. train/samples; training reward) of a run, None if absent."""
+  for key in REWARD_KEYS + LEGACY_REWARD_KEYS:
+    if x_key is None:
+      if (s := series(run, key)) is not None:
+        return s
+      continue
+    pts = [
+      (r[x_key], r[key])
+      for r in run.rows
+      if isinstance(r.get(key), int | float) and math.isfinite(r[key]) and x_key in r
+    ]
+    if pts:
+      return list(map(list, zip(*pts, strict=True)))
+  return None
+
+
+def stage_boundaries(run: Run) -> list[float]:
+  """Steps halfway between a sequential run's stages (where one method hands over)."""
+  staged = [(r["step"], r["stage"]) for r in run.rows if r.get("stage") and r["step"] > 0]
+  return [
+    (a + b) / 2 for (a, s), (b, t) in zip(staged, staged[1:], strict=False) if s != t and b > a
+  ]
+
+
+def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list[str]]:
+  """reward.png (training reward over steps, stage boundaries dotted), reward_samples.png (over
+  completions generated: equal compute for ES and GRPO) and entropy.png (rollout token entropy)
+  in `out`, one line per run; returns ({name: path}, notes on what no run logged)."""
+  figures: dict[str, str] = {}
+  notes: list[str] = []
+  for name, get, ylabel, xlabel, what in (
+    ("reward", _reward_series, "mean training reward", "step", "training reward (train/reward)"),
+    (
+      "reward_samples",
+      lambda run: _reward_series(run, "train/samples"),
+      "mean training reward",
+      "completions generated (train/samples)",
+      "training reward at equal compute",
+    ),
+    (
+      "entropy",
+      lambda run: series(run, "entropy/mean"),
+      "rollout token entropy (nats)",
+      "step",
+      "token entropy of the training rollouts",
+    ),
+  ):
+    curves = {run.name: s for run in runs if (s := get(run)) is not None}
+    if not curves:
+      notes.append(f"{what}: n/a (no run logged it).")
+      continue
+    marks = {}
+    if xlabel == "step":
+      marks = {r.name: b for r in runs if r.name in curves and (b := stage_boundaries(r))}
+    figures[name] = plots.plot_metric_over_steps(
+      curves,
+      os.path.join(out, f"{name}.png"),
+      ylabel=ylabel,
+      xlabel=xlabel,
+      title=what,
+      boundaries=marks,
+    )
+  return figures, notes
 
 
 # --- the report ---
@@ -562,32 +634,10 @@ def build(
     for name in (f"pareto{suffix}", f"pass_at_k{suffix}"):
       if name in figures:
         text += [f"![{name}]({os.path.basename(figures[name])})", ""]
-  for key, name, ylabel, what in (
-    (
-      ("fitness/mean", "reward/mean"),
-      "reward",
-      "mean training reward",
-      "training reward (ES: population mean fitness; GRPO: group mean reward)",
-    ),
-    (
-      ("entropy/mean",),
-      "entropy",
-      "rollout token entropy (nats)",
-      "token entropy of the training rollouts",
-    ),
-  ):
-    curves = {}
-    for run in runs:
-      found = [(k, s) for k in key if (s := series(run, k))]
-      for k, s in found:
-        curves[run.name if len(found) == 1 else f"{run.name} ({k.split('/')[0]})"] = s
-    if curves:
-      figures[name] = plots.plot_metric_over_steps(
-        curves, os.path.join(out, f"{name}.png"), ylabel=ylabel, title=what
-      )
-      text += [f"![{name}]({name}.png)", ""]
-    else:
-      notes.append(f"{what}: n/a (no run logged {' or '.join(key)}).")
+  curves, missing = training_curves(runs, out)
+  figures.update(curves)
+  text += [line for name in curves for line in (f"![{name}]({name}.png)", "")]
+  notes += missing
   text += [
     "Values ± standard error over problems (module `experiments.report`). Pass@k: unbiased "
     "estimator over the n samples per problem; Maj@k: plurality vote of the first k answers; "

@@ -25,9 +25,9 @@ from etils import epath
 from es_jax import checkpoint as checkpoint_lib
 from es_jax import metrics
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
-from experiments import evaluate, model_io, plots, run_context, run_data
+from experiments import evaluate, model_io, report, run_context, run_data
 from experiments.config_check import ConfigError, check, positive_int
-from experiments.logger import ProgressBar, RunLogger, StepTimer, read_metrics
+from experiments.logger import METRICS_FILE, ProgressBar, RunLogger, StepTimer, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -259,26 +259,26 @@ class Loop:
     return not self.stopped
 
 
-def metric_series(rows, key: str):
-  """(steps, values) of metric `key` over metrics.jsonl rows, NaNs left out; None if absent."""
-  pts = [(r["step"], r[key]) for r in rows if key in r and r[key] == r[key]]
-  return tuple(zip(*pts, strict=True)) if pts else None
+def train_metrics_plots(workdir: str, config: ml_collections.ConfigDict) -> dict[str, str]:
+  """reward.png, reward_samples.png and entropy.png (training curves; `report.training_curves`)
+  from workdir/metrics.jsonl, the line labelled by the run's method."""
+  run = report.Run("", workdir, config=config.to_dict())
+  run.rows = read_metrics(os.path.join(workdir, METRICS_FILE))
+  run.name = report.default_name(run)
+  return report.training_curves([run], workdir)[0]
 
 
-def train_metrics_plots(workdir: str) -> dict[str, str]:
-  """reward.png and entropy.png (training curves) from workdir/metrics.jsonl."""
-  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
-  out = {}
-  for name, keys, ylabel in (
-    ("reward", ("fitness/mean", "reward/mean"), "mean training reward"),
-    ("entropy", ("entropy/mean",), "rollout token entropy (nats)"),
-  ):
-    series = {key: s for key in keys if (s := metric_series(rows, key))}
-    if series:
-      out[name] = plots.plot_metric_over_steps(
-        series, os.path.join(workdir, f"{name}.png"), ylabel=ylabel, title=name
-      )
-  return out
+def final_summaries(ctx: run_context.Context, ev: Mapping[str, Any]) -> None:
+  """The final evaluation in TensorBoard as well, at the run's last step: "final/<metric>" (the
+  macro average) and "final/<task>/<metric>"; eval/table.json stays its record."""
+  steps = [r["step"] for r in read_metrics(os.path.join(ctx.workdir, METRICS_FILE))]
+  values = evaluate.flat_summary(ev["macro"], prefix="final/")
+  if len(ev["tasks"]) > 1:
+    for label, summary in ev["tasks"].items():
+      values.update(evaluate.flat_summary(summary, prefix=f"final/{label}/"))
+  # Appends (metrics.jsonl untouched); the same versions.json as the training's logger.
+  with RunLogger(ctx.workdir, data_sources=ctx.data_sources) as logger:
+    logger.summaries(max(steps, default=0), values)
 
 
 def set_aside_stale_evaluation(eval_dir: str, run_info: Mapping[str, Any]) -> str | None:
@@ -324,6 +324,7 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
     except evaluate.EvaluationStopped:
       return evaluate.stopped_result("the evaluated problems are saved in eval/")
     results["eval"] = ev["macro"]
+    final_summaries(ctx, ev)
   if checkpoint_lib.preempted():
     return evaluate.stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
@@ -331,7 +332,7 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
       params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
     )
     log.info("exported the final model (HF format) to %s", results["hf"])
-  results["plots"] = train_metrics_plots(ctx.workdir)
+  results["plots"] = train_metrics_plots(ctx.workdir, ctx.config)
   (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
   log.info("done: %s", ctx.workdir)
   return results

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from run_configs import smoke_config
 from tiny_models import tiny_tokenizer
 
@@ -264,3 +265,20 @@ def test_plots_write_pngs_and_reject_bad_series(tmp_path):
     plots.plot_pass_at_k({}, tmp_path / "d.png")
   with pytest.raises(ValueError, match="'x'"):
     plots.plot_metric_over_steps({"x": ([1, 2], [1])}, tmp_path / "e.png", ylabel="y")
+  with pytest.raises(ValueError, match=r"boundaries for \['GRPO'\], which have no series"):
+    plots.metric_figure({"ES": (steps, steps)}, ylabel="y", boundaries={"GRPO": [2.5]})
+
+
+def test_metric_plot_ticks_are_whole_steps_values_plain_and_stages_marked():
+  """Three steps of a reward that moves by 1e-4: integer step ticks, no axis offset (which
+  would show the 1e-4 noise as 1-to-3 swings), one dotted line per stage boundary."""
+  fig = plots.metric_figure(
+    {"GRPO→ES": ([1, 2, 3], [1.0001, 1.0002, 1.0003])}, ylabel="r", boundaries={"GRPO→ES": [1.5]}
+  )
+  FigureCanvasAgg(fig).draw()
+  (ax,) = fig.axes
+  ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+  assert ticks and all(float(t).is_integer() for t in ticks), ticks
+  assert ax.yaxis.get_major_formatter().get_offset() == ""
+  dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
+  assert len(dotted) == 1 and list(dotted[0].get_xdata()) == [1.5, 1.5]

@@ -242,6 +242,27 @@ def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
     assert os.path.getsize(result["figures"][name]) > 1000
 
 
+def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(runs, tmp_path):
+  seq = report.load_run(str(runs / "grpo_es"))
+  assert report.stage_boundaries(seq) == [2.5]  # steps 1-2 GRPO, 3-4 ES
+  assert report.stage_boundaries(report.load_run(str(runs / "es"))) == []
+  figures, notes = report.training_curves([seq], str(tmp_path))
+  assert set(figures) == {"reward", "entropy"}  # the fixture's runs log no train/samples
+  assert notes == ["training reward at equal compute: n/a (no run logged it)."]
+  # A run logging the shared names: train/reward wins over the legacy key, and train/samples
+  # gives the equal-compute curve.
+  with RunLogger(str(tmp_path / "new"), tensorboard=False, resume_step=-1) as log:
+    for s in (1, 2, 3):
+      row = {"train/reward": 0.5 * s, "fitness/mean": -1.0, "train/samples": 32 * s}
+      log.log(s, row)
+  new = report.load_run(str(tmp_path / "new"), "new")
+  assert report._reward_series(new) == [[1, 2, 3], [0.5, 1.0, 1.5]]
+  assert report._reward_series(new, "train/samples") == [[32, 64, 96], [0.5, 1.0, 1.5]]
+  figures, notes = report.training_curves([new, seq], str(tmp_path / "both"))
+  assert set(figures) == {"reward", "reward_samples", "entropy"} and not notes
+  assert os.path.getsize(figures["reward_samples"]) > 1000
+
+
 def test_names_by_directory_and_a_diversity_study_in_its_own_workdir(runs, tmp_path):
   """dir=label names cannot follow the wrong order; a method=diversity workdir is not a row but
   the JS_succ of the run its diversity.run names."""

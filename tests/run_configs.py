@@ -79,10 +79,16 @@ def assert_run_outputs(workdir, ckpt_dir):
   assert Checkpointer(ckpt_dir, async_save=False).all_steps()
   rows = finite_metrics(workdir)
   assert rows[0]["step"] == 0 and "eval/pass@1" in rows[0]  # the base model's periodic eval
-  assert os.listdir(os.path.join(workdir, "tensorboard"))
+  events = os.listdir(os.path.join(workdir, "tensorboard"))
+  # The final evaluation is in TensorBoard too (event files hold tags as plain strings; TensorBoard
+  # tags allow no "@", tensorboardX writes "pass@1" as "pass_1").
+  tags = b"".join(open(os.path.join(workdir, "tensorboard", e), "rb").read() for e in events)
+  assert b"final/pass_1" in tags and b"train/reward" in tags
+  assert not os.path.exists(os.path.join(workdir, "versions.1.json"))  # one versions.json
   table = json.load(open(os.path.join(workdir, "eval", "table.json")))
   assert 0.0 <= table["macro"]["pass@1"] <= 1.0
-  for name in ("reward.png", "entropy.png", os.path.join("eval", "pass_at_k.png")):
+  plots = ("reward.png", "reward_samples.png", "entropy.png", os.path.join("eval", "pass_at_k.png"))
+  for name in plots:
     assert os.path.getsize(os.path.join(workdir, name)) > 1000
   assert os.path.exists(os.path.join(workdir, "hf", "config.json"))
   assert json.load(open(os.path.join(workdir, "config.json")))["method"]
