@@ -426,6 +426,81 @@ def compact(config: Any) -> str:
   return "\n".join(lines)
 
 
+@functools.cache
+def field_docs() -> dict[str, str]:
+  """{dotted key: its comment in experiments/configs/base.py}: the `# ...` on a field's line or
+  the comment block just above it (above `c.<section> = dict(` for the section itself)."""
+  import ast
+  import tokenize
+
+  from experiments.configs import base
+
+  path = base.__file__
+  with open(path, encoding="utf-8") as f:
+    source = f.read()
+  comments: dict[int, str] = {}
+  with open(path, "rb") as f:
+    for tok in tokenize.tokenize(f.readline):
+      if tok.type == tokenize.COMMENT:
+        comments[tok.start[0]] = tok.string.lstrip("#").strip()
+  code_lines = source.splitlines()
+
+  def doc(line: int) -> str:
+    """The comment on `line` (after code), else the comment lines right above it."""
+    if line in comments and not code_lines[line - 1].lstrip().startswith("#"):
+      return comments[line]
+    above, i = [], line - 1
+    while i in comments and code_lines[i - 1].lstrip().startswith("#"):
+      above.insert(0, comments[i])
+      i -= 1
+    return " ".join(above)
+
+  out: dict[str, str] = {}
+  fn = next(
+    n
+    for n in ast.walk(ast.parse(source))
+    if isinstance(n, ast.FunctionDef) and n.name == "base_config"
+  )
+  for node in fn.body:
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+      continue
+    target = node.targets[0]
+    if not (isinstance(target, ast.Attribute) and getattr(target.value, "id", "") == "c"):
+      continue
+    out[target.attr] = doc(node.lineno)
+    if isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "dict":
+      for kw in node.value.keywords:
+        if kw.arg:
+          out[f"{target.attr}.{kw.arg}"] = doc(kw.value.lineno)
+  return out
+
+
+def describe(config: Any) -> str:
+  """Every key of `config`: its value, what values are allowed and what it means (for
+  `--help_config`)."""
+  rules, docs = schema(), field_docs()
+  lines = []
+  for dotted in all_fields(config):
+    value = _get(config, dotted)
+    section = hasattr(value, "keys") and not isinstance(value, str)
+    if section:
+      lines += ["", f"{dotted}:" + (f"  # {docs[dotted]}" if docs.get(dotted) else "")]
+      continue
+    line = f"  {dotted} = {value!r}"
+    if dotted in rules:
+      try:
+        need = rules[dotted](object())  # what the rule asks of a value it cannot accept
+      except Exception:  # noqa: BLE001 - a rule that needs a real value: no hint
+        need = None
+      if need:
+        line += f"  [{need}]"
+    parent = dotted.rpartition(".")[0]
+    if docs.get(dotted) and docs[dotted] != docs.get(parent):
+      line += f"  # {docs[dotted]}"
+    lines.append(line)
+  return "\n".join(lines).lstrip("\n")
+
+
 @contextlib.contextmanager
 def user_errors(what: str):
   """Turns ValueError / OSError raised inside (bad data, a missing file) into a ConfigError

@@ -2,7 +2,9 @@
 
     python -m experiments.main --config experiments/configs/NAME.py[:variant] --workdir DIR \
         [--config.key=value ...] [--dry_run] [--verbosity=1]
+    python -m experiments.main --config experiments/configs/NAME.py --help_config
 
+`--help_config` prints every key of the config (value, allowed values, meaning) and exits.
 `config.method` picks the runner from `experiments.configs.base.METHODS` (each module exposes
 `run(config, workdir)`). The config is locked and validated before anything is loaded
 (`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
@@ -38,12 +40,22 @@ from ml_collections import config_flags
 from experiments.config_check import ConfigError
 from experiments.workdir_lock import WorkdirLock, WorkdirLockedError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "config file[:variant]", lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+  "config",
+  None,
+  "config file[:variant]; --help_config lists every key with its value, allowed values and meaning",
+  lock_config=True,
+)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (local or gs://)")
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run", False, "validate the config, load the model and data, and exit without training"
 )
-flags.mark_flags_as_required(["config", "workdir"])
+_HELP_CONFIG = flags.DEFINE_bool(
+  "help_config",
+  False,
+  "print every key of --config (value, allowed values, meaning) and exit; --workdir not needed",
+)
+flags.mark_flag_as_required("config")
 log = logging.getLogger("experiments.main")
 # Errors that a user fixes (a config value, a missing file, bad data): one line, exit status 2.
 USER_ERRORS = (ConfigError, FileNotFoundError, WorkdirLockedError)
@@ -189,6 +201,13 @@ def main(argv) -> None:
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   setup_logging(flags.FLAGS.verbosity)
+  if _HELP_CONFIG.value:
+    from experiments import config_check
+
+    print(config_check.describe(_CONFIG.value))
+    return
+  if not _WORKDIR.value:
+    user_error("--workdir is required: the run directory (local or gs://).")
   from es_jax import checkpoint
 
   # One SIGTERM flag from here to the end (every stage, the final evaluation and export): a

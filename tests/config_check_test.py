@@ -140,7 +140,8 @@ def _cli(*args):
   env.pop("XLA_FLAGS", None)
   env.pop("ES_JAX_TRACEBACK", None)
   command = [sys.executable, "-m", "experiments.main", "--workdir=/nonexistent/cli_test", *args]
-  return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+  # A hang guard only: these runs take seconds, but a loaded machine may stretch them a lot.
+  return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
 def test_cli_user_errors_are_one_line_with_exit_status_2():
@@ -155,6 +156,25 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(expected), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
+  # --help_config: every key with its value (overrides applied), allowed values and meaning.
+  out = _cli(smoke, "--help_config", "--config.es.sigma=0.25")
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "  es.sigma = 0.25  [need a finite number > 0]" in out.stdout.splitlines()
+
+
+def test_describe_lists_every_key_with_its_rule_and_comment():
+  config = demo_config.get_config()
+  text = config_check.describe(config)
+  lines = text.splitlines()
+  keys = {ln.split(" = ")[0].strip() for ln in lines if ln.startswith("  ")}
+  sections = {ln.split(":")[0] for ln in lines if ln and not ln.startswith(" ")}
+  assert keys | sections == set(config_check.all_fields(config)) and not keys & sections
+  assert "es.population_size" in keys and "seed" in keys and "eval" in sections
+  line = next(ln for ln in lines if ln.startswith("  es.population_size = "))
+  assert line.endswith("[need an int >= 1]  # N"), line  # the rule and base.py's comment
+  docs = config_check.field_docs()
+  assert docs["eval.every"].startswith("periodic eval every this many steps")
+  assert docs["model"].startswith("source: default (bundled SmolLM2 GGUF)")  # the block above
 
 
 def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
