@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import struct
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from es_jax import _checks
 from es_jax.grpo import group_advantages, token_logprobs_from_logits
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import Params, cast_params, forward, positions_from_mask
@@ -77,9 +78,7 @@ def rollout(
   Returns:
     (completions [B, T], batch) with batch.advantages zero; set them with `with_advantages`.
   """
-  if isinstance(num_generations, bool) or not isinstance(num_generations, int):
-    raise ValueError(f"num_generations={num_generations!r} must be a Python int (it is static).")
-  if num_generations < 2:
+  if _checks.positive_int(num_generations, "num_generations") < 2:
     raise ValueError(
       f"num_generations={num_generations}: GRPO compares completions within a group, so G >= 2."
     )
