@@ -181,7 +181,7 @@ def es_gradient(
     An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.
 
   Raises:
-    TypeError: ``spec`` is not a ``NoiseSpec`` (the pre-spec ``es_gradient(N, sigma, ...)``).
+    TypeError: ``spec`` is not a ``NoiseSpec`` (e.g. a bare population size).
   """
   spec = noise_lib.as_noise_spec(spec, "es_gradient")
   population_size = spec.population_size

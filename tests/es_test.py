@@ -261,8 +261,8 @@ def test_bad_inputs_name_the_value(key):
   params = _params()
   with pytest.raises(ValueError, match=r"population_size=7 is odd"):
     es.es_gradient(noise.NoiseSpec(7, antithetic=True))
-  # No sigma any more (the update does not use σ; population.evaluate_population validates it, see
-  # population_test): the pre-spec calls fail loudly.
+  # No sigma (the update does not use σ; population.evaluate_population validates it, see
+  # population_test), and no bare population size: such calls fail loudly.
   with pytest.raises(TypeError, match="NoiseSpec"):
     es.es_gradient(N)
   with pytest.raises(TypeError):

@@ -241,7 +241,7 @@ def test_bad_inputs_raise(key):
   decoding = sampling.Decoding(T)
   with pytest.raises(TypeError, match="NoiseSpec"):  # the five noise settings: one spec
     population.evaluate_population(params, ids, mask, spec=N, decoding=decoding, **kw)
-  with pytest.raises(TypeError, match="population_size"):  # the old keyword arguments
+  with pytest.raises(TypeError, match="population_size"):  # noise settings as keywords
     population.evaluate_population(params, ids, mask, population_size=N, decoding=decoding, **kw)
   spec = noise.NoiseSpec(N)
   with pytest.raises(TypeError, match="sampling.Decoding"):  # the decode settings: one value
