@@ -19,7 +19,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import config_check, es, plots
+from experiments import config_check, es, plots, report
 from experiments.logger import read_metrics
 
 
@@ -54,9 +54,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       result = es.run(sub, run_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "fitness/mean" in r]
-    steps = [r["step"] for r in rows]
-    smooth = plots.moving_average([r["fitness/mean"] for r in rows], window)
+    run = report.Run(f"N={n}", run_dir, rows=read_metrics(os.path.join(run_dir, "metrics.jsonl")))
+    steps, rewards = report.reward_series(run) or ([], [])
+    if not steps:
+      raise ValueError(f"{run_dir}/metrics.jsonl: no training reward logged.")
+    smooth = plots.moving_average(rewards, window)
     curves[f"N={n}"] = (steps, smooth)
     final[n] = float(smooth[-1])
   largest = max(final)

@@ -366,7 +366,7 @@ REWARD_KEYS = ("train/reward",)
 LEGACY_REWARD_KEYS = ("fitness/mean", "reward/mean")
 
 
-def _reward_series(run: Run, x_key: str | None = None) -> list[list[float]] | None:
+def reward_series(run: Run, x_key: str | None = None) -> list[list[float]] | None:
   """(steps, or `x_key` values, e.g. train/samples; training reward) of a run, None if absent."""
   for key in REWARD_KEYS + LEGACY_REWARD_KEYS:
     if x_key is None:
@@ -398,10 +398,10 @@ def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list
   figures: dict[str, str] = {}
   notes: list[str] = []
   for name, get, ylabel, xlabel, what in (
-    ("reward", _reward_series, "mean training reward", "step", "training reward (train/reward)"),
+    ("reward", reward_series, "mean training reward", "step", "training reward (train/reward)"),
     (
       "reward_samples",
-      lambda run: _reward_series(run, "train/samples"),
+      lambda run: reward_series(run, "train/samples"),
       "mean training reward",
       "completions generated (train/samples)",
       "training reward at equal compute",

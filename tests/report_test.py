@@ -256,8 +256,8 @@ def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(
       row = {"train/reward": 0.5 * s, "fitness/mean": -1.0, "train/samples": 32 * s}
       log.log(s, row)
   new = report.load_run(str(tmp_path / "new"), "new")
-  assert report._reward_series(new) == [[1, 2, 3], [0.5, 1.0, 1.5]]
-  assert report._reward_series(new, "train/samples") == [[32, 64, 96], [0.5, 1.0, 1.5]]
+  assert report.reward_series(new) == [[1, 2, 3], [0.5, 1.0, 1.5]]
+  assert report.reward_series(new, "train/samples") == [[32, 64, 96], [0.5, 1.0, 1.5]]
   figures, notes = report.training_curves([new, seq], str(tmp_path / "both"))
   assert set(figures) == {"reward", "reward_samples", "entropy"} and not notes
   assert os.path.getsize(figures["reward_samples"]) > 1000
