@@ -363,7 +363,7 @@ def evaluate_population(
   num_prompts = prompt_ids.shape[0]
   if mesh is not None:
     params = sharding_lib.place_params(params, mesh)
-  decoding = jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), decoding)  # one dtype: no retrace
+  decoding = decoding.as_float32()
   out = population_completions(
     params,
     prompt_ids,

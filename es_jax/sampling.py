@@ -116,6 +116,11 @@ class Decoding:
       pad_id=self.pad_id,
     )
 
+  def as_float32(self) -> Decoding:
+    """The same settings with float32 array leaves: one argument type for a jitted callee, so
+    Python and numpy values do not compile programs of their own."""
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self)
+
   def tree_flatten(self):
     return (self.temperature, self.top_p), (self.max_new_tokens, self.eos_ids, self.pad_id)
 
@@ -406,7 +411,7 @@ def generate(
     params_or_model = model_params(params_or_model)
   if config is None:
     raise ValueError("generate: pass `config=` when giving a params dict instead of a model.")
-  prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask, max_new_tokens)
+  prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask)
   return _generate(
     params_or_model,
     deltas,
@@ -419,10 +424,9 @@ def generate(
   )
 
 
-def _checked_prompts(caller: str, prompt_ids, prompt_mask, max_new_tokens: int):
-  """(ids int32, mask bool) as arrays; ValueError naming `caller` on bad shapes or budget."""
-  if max_new_tokens < 1:
-    raise ValueError(f"{caller}: max_new_tokens must be >= 1, got {max_new_tokens}.")
+def _checked_prompts(caller: str, prompt_ids, prompt_mask):
+  """(ids int32, mask bool) as arrays; ValueError naming `caller` on bad shapes. (The decode
+  budget is checked by `Decoding`, in `_decode_options`.)"""
   prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
   prompt_mask = jnp.asarray(prompt_mask, bool)
   if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
@@ -491,9 +495,7 @@ def generate_members(
   Returns:
     Completions with leaves [M, P, ...].
   """
-  prompt_ids, prompt_mask = _checked_prompts(
-    "generate_members", prompt_ids, prompt_mask, max_new_tokens
-  )
+  prompt_ids, prompt_mask = _checked_prompts("generate_members", prompt_ids, prompt_mask)
   if (deltas is None) != (deltas_axes is None):
     raise ValueError("generate_members: pass deltas and deltas_axes together.")
   if keys.ndim != 1:

@@ -431,18 +431,18 @@ def field_docs() -> dict[str, str]:
   """{dotted key: its comment in experiments/configs/base.py}: the `# ...` on a field's line or
   the comment block just above it (above `c.<section> = dict(` for the section itself)."""
   import ast
+  import io
   import tokenize
 
   from experiments.configs import base
 
-  path = base.__file__
-  with open(path, encoding="utf-8") as f:
+  with open(base.__file__, encoding="utf-8") as f:
     source = f.read()
-  comments: dict[int, str] = {}
-  with open(path, "rb") as f:
-    for tok in tokenize.tokenize(f.readline):
-      if tok.type == tokenize.COMMENT:
-        comments[tok.start[0]] = tok.string.lstrip("#").strip()
+  comments = {
+    tok.start[0]: tok.string.lstrip("#").strip()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+    if tok.type == tokenize.COMMENT
+  }
   code_lines = source.splitlines()
 
   def doc(line: int) -> str:

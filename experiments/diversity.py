@@ -234,7 +234,7 @@ class Study:
       src["step_key"],
       key,
       jnp.float32(self.sigma if kind == "es" else 0.0),
-      jax.tree.map(jnp.float32, self.decoding),
+      self.decoding.as_float32(),
       config=src["model_config"],
       spec=self.spec,
       members_per_chunk=self.chunk,

@@ -13,7 +13,7 @@ One step (global step g = stage offset + local step s):
                                                          # (α traced: UpdateRule)
 
 ``spec = noise_spec(config.es)`` is built once per stage and given to both, so the evaluation and
-the update cannot disagree on the noise.
+the update cannot disagree on the noise; ``decoding(config.es, ...)`` is the members' decoding.
 
 Resume is exact: the state (params, optimizer state) is checkpointed after the step, and every
 input of step g is a function of (seed, g), so a restarted run retraces the uninterrupted one bit
@@ -63,6 +63,19 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
       rank=int(cfg.rank) or None,
       low_rank_vectors=cfg.low_rank_vectors,
       precision="fp32" if precision == "bf16" else precision,
+    )
+  except ValueError as e:
+    raise ValueError(f"config.es: {e}") from None
+
+
+def decoding(
+  cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int
+) -> sampling.Decoding:
+  """The members' ``sampling.Decoding`` from ``config.es`` (max_new_tokens, temperature, top_p)
+  and the tokenizer's stop and pad tokens; a bad field raises ValueError prefixed ``config.es:``."""
+  try:
+    return sampling.Decoding(
+      int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), eos_ids, pad_id
     )
   except ValueError as e:
     raise ValueError(f"config.es: {e}") from None
@@ -179,9 +192,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
-  decoding = sampling.Decoding(
-    int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), ctx.eos_ids, ctx.pad_id
-  )
+  members_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id)
   rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
   learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
@@ -210,7 +221,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
         step_key=step_key,
         sigma=float(cfg.sigma),
         spec=spec,
-        decoding=decoding,
+        decoding=members_decoding,
         score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
         mesh=ctx.mesh,
         members_per_chunk=int(cfg.members_per_chunk),

@@ -309,10 +309,7 @@ class Setup:
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
     # The runner's decode settings, with abstract temperature and top-p (what it traces).
-    decoding = sampling.Decoding(
-      T, float(c.temperature), float(c.top_p), eos_ids=(cfg.vocab_size - 1,), pad_id=0
-    )
-    decoding = jax.tree.map(lambda _: scalar, decoding)
+    decoding = jax.tree.map(lambda _: scalar, es_run.decoding(c, (cfg.vocab_size - 1,), 0))
     kw = dict(config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, share_sample_key=False)
     args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))
     args += (_key(mesh), _key(mesh), scalar, decoding)
