@@ -174,7 +174,9 @@ def es_gradient(
     spec: the population's ``noise.NoiseSpec`` (size ``N``, antithetic, rank, low-rank vectors;
       validated on construction). Positional only.
     shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` or
-      ``"coverage"`` (fitness ``[N, P]``), or a callable ``fitness -> [N] weights``.
+      ``"coverage"`` (fitness ``[N, P]``), ``"shuffled"`` (the null control: z-scores permuted
+      across members with a permutation drawn from ``key``), or a callable
+      ``fitness -> [N] weights``.
     sharded: params split over a mesh axis; see ``es_update_direction`` (the same update).
 
   Returns:
@@ -195,7 +197,9 @@ def es_gradient(
     del updates, extra_args
     if params is None:
       raise ValueError("es_gradient.update needs params (to regenerate the noise): pass params=.")
-    w = fitness_lib.shape_fitness(fitness, population_size=population_size, shaping=shaping)
+    w = fitness_lib.shape_fitness(
+      fitness, population_size=population_size, shaping=shaping, key=key
+    )
     direction = es_update_direction(
       params,
       w,

@@ -136,13 +136,41 @@ def coverage(fitness: jax.Array) -> jax.Array:
   return zscore(jnp.mean(r / (1.0 + others), axis=1))
 
 
+# fold_in data of the null control's permutation key: far above any member index fold_in(key, i).
+SHUFFLE_TAG = 0x7FFFFFFF
+
+
+def shuffled(fitness: jax.Array, key: jax.Array) -> jax.Array:
+  """The null-ES control: z-scores of the fitness permuted across members (docs/method.md §7).
+
+  ``w = zscore(R[π])`` with ``π`` a uniform random permutation drawn from
+  ``fold_in(key, SHUFFLE_TAG)``, ``key`` the step key. Each step's weights have the same
+  distribution of values as ``zscore`` (hence the same expected drift,
+  ``α·sqrt(D·T/N)/‖θ₀‖`` with SGD), but they are independent of which member earned which
+  fitness, so the update carries no signal. Comparing a run with this shaping against a
+  ``zscore`` run at the same settings separates what ES learned from its random walk.
+
+  Args:
+    fitness: ``[N]`` fitness values.
+    key: the step key (the one the members' noise was drawn from).
+
+  Returns:
+    ``[N]`` float32 weights; zeros if all values are equal.
+  """
+  r = _as_float32(fitness, 1, "shuffled")
+  perm = jax.random.permutation(jax.random.fold_in(key, SHUFFLE_TAG), r.shape[0])
+  return zscore(r[perm])
+
+
 SHAPINGS = {
   "zscore": zscore,
   "centered_rank": centered_rank,
   "per_prompt_zscore": per_prompt_zscore,
   "coverage": coverage,
+  "shuffled": shuffled,
 }
 PER_PROMPT_SHAPINGS = ("per_prompt_zscore", "coverage")  # these take [N, P] rewards
+KEYED_SHAPINGS = ("shuffled",)  # these also take the step key
 
 
 def get_shaping(name: str):
@@ -175,6 +203,7 @@ def shape_fitness(
   *,
   population_size: int,
   shaping: str | Callable[[jax.Array], jax.Array] = "zscore",
+  key: jax.Array | None = None,
 ) -> jax.Array:
   """Validated fitness -> ``[N]`` float32 weights, as ``es_gradient`` computes them.
 
@@ -183,6 +212,7 @@ def shape_fitness(
       ``PER_PROMPT_SHAPINGS`` (``"per_prompt_zscore"``, ``"coverage"``).
     population_size: ``N``.
     shaping: a name in ``SHAPINGS`` or a callable ``fitness -> [N] weights``.
+    key: the step key; needed by the shapings in ``KEYED_SHAPINGS`` (``"shuffled"``).
 
   Returns:
     ``[N]`` float32 weights. Non-finite weights (possible only from a custom callable) are zeroed,
@@ -198,7 +228,12 @@ def shape_fitness(
       f"fitness has shape {r.shape}, expected {expected}: one value per member of "
       f"population_size={population_size} (shaping={shaping!r})."
     )
-  w = jnp.asarray(shape_fn(r), jnp.float32)
+  if isinstance(shaping, str) and shaping in KEYED_SHAPINGS:
+    if key is None:
+      raise ValueError(f"shaping={shaping!r} needs the step key: pass key=.")
+    w = jnp.asarray(shape_fn(r, key), jnp.float32)
+  else:
+    w = jnp.asarray(shape_fn(r), jnp.float32)
   if w.shape != (population_size,):
     raise ValueError(
       f"shaping={shaping!r} returned shape {w.shape}, expected ({population_size},)."

@@ -9,6 +9,7 @@ Axis letters: N population members, P prompts, S sampled sequences per member, B
 References: Chen et al. 2021 (Pass@k); docs/method.md §5–7 (the study's definitions).
 """
 
+import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -348,6 +349,30 @@ def relative_drift(params: Any, base: Any) -> jax.Array:
   )
   base_sq = sum(jnp.sum(jnp.square(jnp.asarray(b, jnp.float32))) for b in base_leaves)
   return jnp.sqrt(diff_sq) / jnp.sqrt(base_sq)
+
+
+def null_drift(
+  alpha: float, num_params: int, steps: int, population_size: int, base_norm: float
+) -> float:
+  """The relative drift of ES with z-scored fitness that carries no signal (docs/method.md §7).
+
+  One SGD step is ``(α/N) Σ_i z_i ε_i`` with ``Σ_i z_i² = N`` (z-scores, population std) and
+  ``ε_i ~ N(0, I_D)`` independent, so its expected squared norm is ``α² D / N``; ``T``
+  independent steps add up to ``α² D T / N``. Hence
+
+    drift ≈ α · sqrt(D · T / N) / ‖θ₀‖,
+
+  whatever the fitness, as long as it is not constant (a constant-fitness step has z = 0).
+  Antithetic pairs and low-rank noise keep the same expectation per coordinate.
+
+  Args:
+    alpha: the learning rate α (SGD).
+    num_params: ``D``, the number of perturbed parameters.
+    steps: ``T``, the steps whose fitness was not constant.
+    population_size: ``N``.
+    base_norm: ``‖θ₀‖₂``.
+  """
+  return float(alpha * math.sqrt(num_params * steps / population_size) / base_norm)
 
 
 def update_sparsity(delta: Any, tau: float) -> jax.Array:

@@ -288,6 +288,14 @@ def schema() -> dict[str, Rule]:
     "diversity.correction": one_of(metrics.JS_CORRECTIONS),
     "diversity.kinds": comma_list(tuple(diversity.KINDS)),
     "diversity.checkpoints": boolean,
+    "diversity.sigmas": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
+    "diversity.min_changed": PROBABILITY,
+    "diversity.fitness_tolerance": NON_NEGATIVE,
+    "fair.calibrate": boolean,
+    "fair.alpha_ratios": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
+    "fair.grpo_lrs": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
+    "fair.pilot_steps": integer(1),
+    "fair.diversity": boolean,
   }
 
 

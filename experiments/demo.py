@@ -37,6 +37,8 @@ RUNS = {  # name -> (method, runner, sequential order, es.shaping; None: the con
   "es": ("es", es.run, None, None),
   # ES with es_jax.fitness.coverage shaping, everything else as "es" (same noise and data order)
   "es_coverage": ("es", es.run, None, "coverage"),
+  # the null control: fitness permuted across members each step (es_jax.fitness.shuffled)
+  "es_null": ("es", es.run, None, "shuffled"),
   "grpo": ("grpo", grpo.run, None, None),
   "grpo_es": ("sequential", sequential.run, "grpo_es", None),
   "es_grpo": ("sequential", sequential.run, "es_grpo", None),
@@ -45,6 +47,7 @@ LABELS = {
   "base": "base",
   "es": "ES",
   "es_coverage": "ES (coverage)",
+  "es_null": "ES null (shuffled fitness)",
   "grpo": "GRPO",
   "grpo_es": "GRPO→ES",
   "es_grpo": "ES→GRPO",

@@ -165,7 +165,7 @@ def _reference_apply(state: dict[str, Any], fitness, step_key, sigma, alpha, *, 
   params = state["params"]
   n = fitness.shape[0]
   params = reference_arithmetic.residue(params, step_key, n, sigma)
-  weights = fitness_lib.get_shaping(shaping)(fitness)
+  weights = fitness_lib.shape_fitness(fitness, population_size=n, shaping=shaping, key=step_key)
   return {**state, "params": reference_arithmetic.update(params, step_key, weights, alpha)}
 
 

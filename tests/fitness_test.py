@@ -110,3 +110,28 @@ def test_bad_shapes_and_names():
     fitness.per_prompt_zscore(jnp.zeros((4,)))
   with pytest.raises(ValueError, match="shaping='rank'"):
     fitness.get_shaping("rank")
+
+
+def test_shuffled_is_a_key_determined_permutation_of_zscore():
+  r = jnp.arange(8, dtype=jnp.float32) ** 2  # distinct values
+  key = jax.random.key(3)
+  w = fitness.shape_fitness(r, population_size=8, shaping="shuffled", key=key)
+  z = fitness.zscore(r)
+  # The same multiset of weights as zscore (same drift), assigned to other members.
+  np.testing.assert_allclose(np.sort(np.asarray(w)), np.sort(np.asarray(z)), rtol=1e-6)
+  assert not np.allclose(w, z)
+  perm = jax.random.permutation(jax.random.fold_in(key, fitness.SHUFFLE_TAG), 8)
+  np.testing.assert_allclose(w, fitness.zscore(r[perm]), rtol=0, atol=0)
+  # Same key, same weights; another key, another permutation.
+  again = fitness.shape_fitness(r, population_size=8, shaping="shuffled", key=key)
+  np.testing.assert_array_equal(w, again)
+  other = fitness.shape_fitness(r, population_size=8, shaping="shuffled", key=jax.random.key(4))
+  assert not np.array_equal(w, other)
+  # Over many steps the weight a member gets does not track its fitness (no signal).
+  keys = jax.random.split(jax.random.key(0), 400)
+  ws = jax.vmap(lambda k: fitness.shuffled(r, k))(keys)  # [400, 8]
+  corr = np.corrcoef(np.asarray(ws).mean(0), np.asarray(r))[0, 1]
+  assert abs(float(np.asarray(ws).mean(0)[-1])) < 0.25 and abs(corr) < 0.9
+  np.testing.assert_array_equal(fitness.shuffled(jnp.ones(8), key), np.zeros(8))
+  with pytest.raises(ValueError, match="needs the step key"):
+    fitness.shape_fitness(r, population_size=8, shaping="shuffled")

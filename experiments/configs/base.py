@@ -3,7 +3,7 @@
 Field groups (each runner reads only its own groups plus `model`, `data`, `eval`, `checkpoint`):
 
   method       es | grpo | sequential | evaluate | demo | sparsity | population_sweep |
-               diversity | report.
+               diversity | calibrate | fair_study | report.
   seed         the run key is jax.random.key(seed); every random choice derives from it.
   model        where the weights come from (see `experiments.model_io.load_model`).
   data         the training task: prompts per step, shuffling, reward.
@@ -39,6 +39,8 @@ METHODS = {
   "population_sweep": "experiments.population_sweep:run",
   "diversity": "experiments.diversity:run",
   "report": "experiments.report:run",
+  "calibrate": "experiments.calibration:run",
+  "fair_study": "experiments.fair_study:run",
 }
 
 
@@ -96,7 +98,9 @@ def base_config() -> ml_collections.ConfigDict:
     sigma=1.5e-3,
     learning_rate=2.5e-4,  # α; θ ← θ + (α/N) Σ z_i ε_i with optimizer "sgd"
     optimizer="sgd",  # "sgd" (the paper) | "adam"
-    shaping="zscore",  # "zscore" | "centered_rank" | "per_prompt_zscore" | "coverage"
+    # "zscore" | "centered_rank" | "per_prompt_zscore" | "coverage" | "shuffled" (the null
+    # control: z-scores permuted across members each step, same drift, no signal)
+    shaping="zscore",
     antithetic=False,
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
@@ -173,6 +177,9 @@ def base_config() -> ml_collections.ConfigDict:
   # population_size / sigma: 0 = config.es's (the run's). kinds: es, group (one policy: GRPO's
   # G samples), control (σ = 0). correction: null | miller_madow | none (metrics module).
   # checkpoints: the study at every checkpoint of `run` (JS_succ beside the Pass@n gain).
+  # method="calibrate" (docs/method.md §6.1): the population around the base model for each of
+  # `sigmas` on the first `limit` training problems; recommends the smallest σ with at least
+  # `min_changed` of greedy completions changed and mean fitness >= base - `fitness_tolerance`.
   c.diversity = dict(
     run="",
     step=-1,
@@ -189,6 +196,21 @@ def base_config() -> ml_collections.ConfigDict:
     correction="null",
     kinds="es,group,control",
     checkpoints=False,
+    sigmas=(1e-3, 3e-3, 1e-2, 3e-2),
+    min_changed=0.1,
+    fitness_tolerance=0.05,
+  )
+  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
+  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
+  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
+  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
+  # and sparsity of the ES-type runs against the null-walk prediction.
+  c.fair = dict(
+    calibrate=True,
+    alpha_ratios=(0.5, 0.25, 1.0),
+    grpo_lrs=(1e-5, 3e-6, 3e-5),
+    pilot_steps=6,
+    diversity=True,
   )
   # method="report": a report across runs, read from their files (experiments/report.py).
   # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a

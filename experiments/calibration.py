@@ -1,0 +1,273 @@
+"""σ calibration without learning (docs/method.md §6.1): how far apart the members of an ES
+population around the base model are, for each σ of a grid, before any update is taken.
+
+    python -m experiments.main --config experiments/configs/fair_study.py \
+        --workdir runs/calibration --config.method=calibrate
+
+For each σ in `diversity.sigmas`, the population θ + σ ε_i (i < N, N = `diversity.population_size`
+or `es.population_size`; noise, rank and arithmetic of `config.es`; the step key of global step 0)
+is measured on the first `diversity.limit` problems of the training pool (`config.data`):
+
+  fitness      greedy decoding (es.max_new_tokens), the training reward: each member's mean over
+               the problems; its spread (std over members) and mean against the base model's
+               (paired standard error over problems)
+  changed      the share of (member, problem) greedy completions whose text differs from the base
+               model's; `success changed`: the share whose verdict (reward >= 1) differs
+  JS_succ      n = `diversity.num_samples` samples per member per problem at
+               `diversity.temperature` (experiments.diversity.Study), with a bootstrap CI; JS_pol
+  survives     ‖cast(θ + σε) − cast(θ)‖ / ‖σε‖ for member 0: the part of the perturbation left
+               after rounding to the compute dtype (and to bfloat16, the paper's), and σ / RMS(θ)
+
+Recommended σ (the rule, also printed under the table): the smallest σ of the grid at which
+(a) at least `diversity.min_changed` of the greedy completions differ from the base model's and
+(b) the members' mean fitness is at least the base fitness − `diversity.fitness_tolerance`.
+Rule (a) asks that members measurably answer differently (the fitness can only rank members that
+differ), rule (b) that the perturbation does not simply break the model. If no σ meets both, none
+is recommended and the table says which rule failed. Writes workdir/calibration/{table.md,json}.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from es_jax import models, noise, population, rewards, sampling
+from experiments import config_check, diversity, eval_results, model_io, run_data
+
+log = logging.getLogger(__name__)
+
+
+def survival(params32, compute_dtype, step_key, sigma: float, spec: noise.NoiseSpec) -> dict:
+  """The share of member 0's perturbation that survives rounding (module docstring)."""
+  leaves = jax.tree.leaves(params32)
+  size = sum(p.size for p in leaves)
+  rms = float(jnp.sqrt(sum(jnp.sum(jnp.square(p)) for p in leaves) / size))
+
+  @jax.jit
+  def kept(p_tree, s, probe):
+    member = noise.perturb_member(
+      p_tree, step_key, 0, s, rank=spec.rank, low_rank_vectors=spec.low_rank_vectors
+    )
+    num = den = 0.0
+    for p, m in zip(jax.tree.leaves(p_tree), jax.tree.leaves(member), strict=True):
+      rounded = m.astype(probe.dtype).astype(jnp.float32) - p.astype(probe.dtype)
+      num = num + jnp.sum(jnp.square(rounded))
+      den = den + jnp.sum(jnp.square(m - p))
+    return jnp.sqrt(num / den)
+
+  s = jnp.float32(sigma)
+  return {
+    "survives_compute": float(kept(params32, s, jnp.zeros((), compute_dtype))),
+    "survives_bf16": float(kept(params32, s, jnp.zeros((), jnp.bfloat16))),
+    "relative_sigma": sigma / rms,
+  }
+
+
+def _greedy(source, spec, ids, mask, sigma: float, decoding, mesh, chunk: int):
+  """Greedy tokens and masks [N, P, T] of the population at `sigma`."""
+  out = population.population_completions(
+    source["params"],
+    jnp.asarray(ids),
+    jnp.asarray(mask),
+    source["step_key"],
+    source["step_key"],  # unused by greedy decoding
+    jnp.float32(sigma),
+    decoding.as_float32(),
+    config=source["model_config"],
+    spec=spec,
+    members_per_chunk=chunk,
+    mesh=mesh,
+    share_sample_key=True,
+  )
+  return np.asarray(out.tokens), np.asarray(out.mask, bool)
+
+
+def greedy_row(study, spec, base, examples, sigma: float, score) -> dict[str, Any]:
+  """Fitness spread and changed answers of the greedy population at `sigma` (docstring)."""
+  ids, mask = base["ids"], base["mask"]
+  tokens, tmask = _greedy(
+    study.source, spec, ids, mask, sigma, base["decoding"], study.mesh, study.chunk
+  )
+  n, p = tokens.shape[:2]
+  rewards = np.stack([score(tokens[i], tmask[i], examples) for i in range(n)])  # [N, P]
+  texts = [
+    [study.tokenizer.decode(tokens[i, r][tmask[i, r]], skip_special_tokens=True) for r in range(p)]
+    for i in range(n)
+  ]
+  changed = np.array([[texts[i][r] != base["texts"][r] for r in range(p)] for i in range(n)])
+  fit = rewards.mean(axis=1)  # [N]
+  diff = rewards.mean(axis=0) - base["rewards"]  # [P] members' mean minus base, per problem
+  return {
+    "fitness_mean": float(fit.mean()),
+    "fitness_std": float(fit.std()),
+    "fitness_minus_base": float(diff.mean()),
+    "fitness_minus_base_se": float(diff.std(ddof=1) / np.sqrt(p)) if p > 1 else 0.0,
+    "changed": float(changed.mean()),
+    "success_changed": float(((rewards >= 1.0) != (base["rewards"] >= 1.0)[None]).mean()),
+  }
+
+
+def recommend(rows: list[dict], min_changed: float, tolerance: float) -> tuple[float | None, str]:
+  """The recommended σ of the module docstring's rule and a sentence saying why."""
+  for r in sorted(rows, key=lambda r: r["sigma"]):
+    if r["changed"] >= min_changed and r["fitness_minus_base"] >= -tolerance:
+      return r["sigma"], (
+        f"σ = {r['sigma']:g}: the smallest σ with ≥ {min_changed:.0%} of greedy completions "
+        f"changed ({r['changed']:.1%}) and mean fitness within {tolerance:g} of base "
+        f"({r['fitness_minus_base']:+.3f})."
+      )
+  failed = [
+    f"σ = {r['sigma']:g}: "
+    + ("changed < min" if r["changed"] < min_changed else "fitness below tolerance")
+    for r in rows
+  ]
+  return None, "No σ of the grid meets both rules (" + "; ".join(failed) + ")."
+
+
+def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
+  d = config.diversity
+  head = [
+    "σ",
+    "σ/RMS(θ)",
+    "survives (compute)",
+    "survives (bf16)",
+    "fitness mean ± SE vs base",
+    "fitness std",
+    "changed",
+    "success changed",
+    "JS_succ [95% CI]",
+    "JS_pol",
+    "Pass@1",
+  ]
+  lines = eval_results.markdown_header(head)
+  for r in rows:
+    pol = "–" if r["js_pol"] is None else f"{r['js_pol']:.4f}"
+    lines.append(
+      eval_results.markdown_row(
+        [
+          f"{r['sigma']:g}",
+          f"{r['relative_sigma']:.4f}",
+          f"{r['survives_compute']:.3f}",
+          f"{r['survives_bf16']:.3f}",
+          f"{r['fitness_mean']:.3f} ({r['fitness_minus_base']:+.3f} "
+          f"± {r['fitness_minus_base_se']:.3f})",
+          f"{r['fitness_std']:.3f}",
+          f"{r['changed']:.3f}",
+          f"{r['success_changed']:.3f}",
+          eval_results.interval_cell(r["js_succ"], r["js_succ_ci"]),
+          pol,
+          f"{r['pass@1']:.3f}",
+        ]
+      )
+    )
+  return "\n".join(
+    [
+      "# σ calibration",
+      "",
+      f"Population of N = {rows[0]['members'] if rows else '?'} around `{config.model.source}` "
+      f"{config.model.path or config.model.preset}, es.rank = {config.es.rank}, es.precision = "
+      f"{config.es.precision}; the first {d.limit} problems of `{config.data.task}` "
+      f"(training pool); greedy fitness with {config.es.max_new_tokens} new tokens (base model "
+      f"fitness {base_fitness:.3f}); JS_succ from n = {d.num_samples} samples per member per "
+      f"problem at temperature {d.temperature}.",
+      "",
+      *lines,
+      "",
+      f"**Recommended:** {note}",
+      "",
+      f"Rule: the smallest σ with changed ≥ {d.min_changed:g} and fitness mean − base ≥ "
+      f"−{d.fitness_tolerance:g}. 'changed': share of (member, problem) greedy completions whose "
+      "text differs from the base model's; 'success changed': whose verdict differs. 'survives': "
+      "‖cast(θ+σε) − cast(θ)‖/‖σε‖ of member 0 after rounding to the compute dtype / to bfloat16.",
+      "",
+    ]
+  )
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`method="calibrate"`: the table of the module docstring; returns its path and σ."""
+  config_check.validate(config)
+  d = config.diversity
+  sigmas = [float(s) for s in d.sigmas]
+  model, tokenizer = model_io.load_model(config.model, seed=config.seed)
+  source = dict(
+    model_config=model.config,
+    tokenizer=tokenizer,
+    seed=int(config.seed),
+    es=config.es,
+    ckpt_dir=None,
+  )
+  source = diversity.at_step(source, models.params(model), 0)
+  examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))
+  ids, mask = run_data.encode_examples(tokenizer, examples)
+  score = run_data.make_scorer(tokenizer, rewards.get_reward(run_data.reward_name(config.data)))
+  greedy = sampling.Decoding(
+    int(config.es.max_new_tokens),
+    0.0,
+    eos_ids=run_data.eos_ids(tokenizer),
+    pad_id=sampling.pad_id(tokenizer),
+  )
+  out = sampling.generate(
+    source["params"],
+    ids,
+    mask,
+    key=source["step_key"],
+    config=model.config,
+    **greedy.generate_kwargs(),
+  )
+  b_tokens, b_mask = np.asarray(out.tokens), np.asarray(out.mask, bool)
+  base = {
+    "ids": ids,
+    "mask": mask,
+    "decoding": greedy,
+    "rewards": score(b_tokens, b_mask, examples),
+    "texts": [
+      tokenizer.decode(t[m], skip_special_tokens=True)
+      for t, m in zip(b_tokens, b_mask, strict=True)
+    ],
+  }
+  params32 = models.cast_params(source["params"], jnp.float32)
+  key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0xCA1)
+  rows = []
+  for j, sigma in enumerate(sigmas):
+    sub = ml_collections.ConfigDict(config.to_dict())
+    sub.diversity.sigma = sigma
+    study = diversity.Study(sub, source)
+    spec = noise.NoiseSpec(
+      study.members,
+      antithetic=bool(config.es.antithetic),
+      rank=int(config.es.rank) or None,
+      low_rank_vectors=config.es.low_rank_vectors,
+    )
+    row = {"sigma": sigma, "members": study.members}
+    row.update(survival(params32, model.config.jnp_dtype, source["step_key"], sigma, spec))
+    row.update(greedy_row(study, spec, base, examples, sigma, score))
+    sampled = study.measure("es", examples, jax.random.fold_in(key, j))
+    row.update({k: sampled[k] for k in ("js_succ", "js_succ_ci", "js_pol", "pass@1", "counts")})
+    log.info(
+      "calibrate σ=%g: changed %.3f fitness %.3f (base %.3f) JS_succ %.4f",
+      sigma,
+      row["changed"],
+      row["fitness_mean"],
+      float(base["rewards"].mean()),
+      row["js_succ"],
+    )
+    rows.append(row)
+  sigma, note = recommend(rows, float(d.min_changed), float(d.fitness_tolerance))
+  out_dir = os.path.join(workdir, "calibration")
+  os.makedirs(out_dir, exist_ok=True)
+  base_fitness = float(base["rewards"].mean())
+  eval_results.write_json(
+    os.path.join(out_dir, "table.json"),
+    {"recommended_sigma": sigma, "note": note, "base_fitness": base_fitness, "rows": rows},
+  )
+  path = os.path.join(out_dir, "table.md")
+  eval_results.write_text(path, markdown(rows, note, config, base_fitness))
+  print(open(path).read())
+  return {"report": path, "recommended_sigma": sigma}

@@ -1,0 +1,102 @@
+"""The fair study's pieces: the σ calibration rule, the null-walk drift prediction against a
+simulated z-scored ES walk, and the study end to end on the `:smoke` config."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from run_configs import checkpoint_params, smoke_config
+
+from es_jax import es, metrics, noise
+from experiments import calibration, fair_study
+from experiments.configs import fair_study as fair_config
+from experiments.logger import read_metrics
+
+
+def _row(sigma, changed, minus_base):
+  return {"sigma": sigma, "changed": changed, "fitness_minus_base": minus_base}
+
+
+def test_recommend_takes_the_smallest_sigma_meeting_both_rules():
+  rows = [
+    _row(3e-2, 1.0, -0.2),
+    _row(1e-3, 0.02, 0.0),
+    _row(1e-2, 0.6, -0.04),
+    _row(3e-3, 0.3, -0.06),
+  ]
+  sigma, note = calibration.recommend(rows, min_changed=0.1, tolerance=0.05)
+  assert sigma == 1e-2 and "σ = 0.01" in note  # 1e-3 changes too little, 3e-3 loses fitness
+  sigma, note = calibration.recommend(rows, min_changed=0.1, tolerance=0.1)
+  assert sigma == 3e-3
+  sigma, note = calibration.recommend(rows[:2], min_changed=0.5, tolerance=0.05)
+  assert sigma is None and "changed < min" in note and "fitness below tolerance" in note
+
+
+def test_null_drift_predicts_a_z_scored_random_walk(key):
+  n, steps, alpha = 8, 12, 1e-2
+  params = {"w": jax.random.normal(key, (300, 200)), "b": jnp.ones((500,))}
+  spec = noise.NoiseSpec(n)
+  opt = optax.chain(es.es_gradient(spec, shaping="zscore"), optax.sgd(alpha))
+  state, p = opt.init(params), params
+  for t in range(steps):
+    k = jax.random.fold_in(key, t)
+    fitness = jax.random.uniform(jax.random.fold_in(k, 99), (n,))  # no signal
+    updates, state = opt.update(p, state, p, fitness=fitness, key=k)
+    p = optax.apply_updates(p, updates)
+  size = sum(x.size for x in jax.tree.leaves(params))
+  norm = float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(params))))
+  predicted = metrics.null_drift(alpha, size, steps, n, norm)
+  measured = float(metrics.relative_drift(p, params))
+  assert abs(measured / predicted - 1) < 0.03, (measured, predicted)
+  assert metrics.null_drift(alpha, size, 0, n, norm) == 0.0  # constant fitness never moves
+
+
+def test_fair_study_smoke_end_to_end(tmp_path):
+  config = smoke_config(
+    fair_config,
+    fair__alpha_ratios=(0.5, 1.0),
+    fair__grpo_lrs=(1e-5,),
+    fair__pilot_steps=1,
+  )
+  result = fair_study.run(config, str(tmp_path))
+  assert result["stopped"] is False
+  cal = json.load(open(tmp_path / "calibration" / "calibration" / "table.json"))
+  assert [r["sigma"] for r in cal["rows"]] == list(config.diversity.sigmas)
+  assert all(0 <= r["changed"] <= 1 and r["survives_compute"] > 0.99 for r in cal["rows"])
+  # A larger σ moves the greedy answers at least as often (tiny model, same noise direction).
+  assert cal["rows"][-1]["changed"] >= cal["rows"][0]["changed"]
+  choice = json.load(open(tmp_path / "pilots" / "choice.json"))
+  sigma = cal["recommended_sigma"]
+  assert choice["sigma"] == sigma
+  es_pilots = [r for r in choice["rows"] if r["method"] == "es"]
+  assert [r["value"] for r in es_pilots] == [0.5 * sigma, 1.0 * sigma]
+  assert choice["alpha"] == max(es_pilots, key=lambda r: r["score"])["value"]
+  runs = tmp_path / "runs"
+  for name, shaping in (("es", "zscore"), ("es_null", "shuffled")):
+    saved = json.load(open(runs / name / "config.json"))
+    assert saved["es"]["shaping"] == shaping
+    assert saved["es"]["sigma"] == sigma and saved["es"]["learning_rate"] == choice["alpha"]
+  assert (
+    json.load(open(runs / "grpo" / "config.json"))["grpo"]["learning_rate"] == choice["grpo_lr"]
+  )
+  # Same seed, noise and data: the null run differs from ES only in which member gets which
+  # weight, so their weights differ while both moved.
+  es_rows = [r for r in read_metrics(str(runs / "es")) if r["step"] > 0]
+  assert max(r["fitness/std"] for r in es_rows) > 0, "rewards never varied"
+  _, es_params = checkpoint_params(str(runs / "es" / "checkpoints"))
+  _, null_params = checkpoint_params(str(runs / "es_null" / "checkpoints"))
+  assert any(not np.array_equal(es_params[k], null_params[k]) for k in es_params)
+  drift = json.load(open(tmp_path / "drift" / "drift.json"))
+  for row in drift["rows"]:
+    assert row["steps_moved"] > 0 and abs(row["drift"] / row["predicted_null"] - 1) < 0.1
+    assert row["sparsity"] == sorted(row["sparsity"])  # s_τ grows with τ
+  report = open(tmp_path / "report.md").read()
+  for heading in ("## σ calibration", "## Tuning: the pilots", "## Drift and update sparsity"):
+    assert heading in report
+  assert "ES null (shuffled fitness)" in report
+  js_row = next(ln for ln in report.splitlines() if ln.startswith("| ES | ") and "±" in ln)
+  assert "[" in js_row  # the diversity study's JS_succ interval is attached to the ES row
+  assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")
