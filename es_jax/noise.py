@@ -64,9 +64,10 @@ from jax.extend.random import threefry2x32_p
 from es_jax import _checks
 
 PRECISIONS = ("fp32", "bf16_faithful")
-# Member arithmetic a NoiseSpec may ask for: PRECISIONS, or "reference" (members perturbed as
-# es_jax.reference_arithmetic.perturb does; population evaluation only, full rank, no antithetic).
-SPEC_PRECISIONS = (*PRECISIONS, "reference")
+# In-place bf16 ES schemes a NoiseSpec may also ask for (es_jax.reference_arithmetic: Qiu et al.'s
+# shape-shared noise, the understanding-es reproduction's per-tensor noise; full rank only).
+IN_PLACE_PRECISIONS = ("bf16_shared_noise", "bf16_tensor_noise")
+SPEC_PRECISIONS = (*PRECISIONS, *IN_PLACE_PRECISIONS)
 # Entries per full-rank noise block (part of the noise definition: changing it changes the noise).
 # 2^16 float32 = 256 KiB: the generator's working set stays in cache on CPU, and a 135M-parameter
 # model is ~2k blocks, few enough loop steps for an accelerator.
@@ -198,8 +199,9 @@ class NoiseSpec:
     low_rank_vectors: ``"full"`` or ``"frozen"`` (zeros) noise for vector leaves
       (``is_matrix_leaf`` false) in low rank.
     precision: the member arithmetic of evaluation: ``"fp32"``, ``"bf16_faithful"`` (full rank
-      only; see ``apply_noise``) or ``"reference"`` (``es_jax.reference_arithmetic.perturb``;
-      full rank, not antithetic). The update's direction is float32 whatever it is.
+      only; see ``apply_noise``) or one of ``IN_PLACE_PRECISIONS``
+      (``es_jax.reference_arithmetic.perturb``; full rank, not antithetic). ``es_gradient``'s
+      update direction is float32 whatever it is.
 
   Raises:
     ValueError: for a bad field or combination, naming the field(s).
@@ -219,8 +221,8 @@ class NoiseSpec:
     precision = self.precision
     if precision not in SPEC_PRECISIONS:
       raise ValueError(f"precision={precision!r} is invalid: use one of {SPEC_PRECISIONS}.")
-    if precision == "reference" and self.antithetic:
-      raise ValueError("precision='reference' draws one noise per member: use antithetic=False.")
+    if precision in IN_PLACE_PRECISIONS and self.antithetic:
+      raise ValueError(f"precision={precision!r} draws one noise per member: use antithetic=False.")
     if self.rank is not None and precision != "fp32":
       raise ValueError(
         f"precision={precision!r} needs materialised weights; low-rank members "
@@ -534,12 +536,9 @@ def _add_leaf(p: jax.Array, e: jax.Array, sigma: jax.Array, precision: str) -> j
   p32 = p.astype(jnp.float32)
   if precision == "fp32":
     return (p32 + sigma * e).astype(dtype)
-  # bf16_faithful: w.add_(sigma * randn(shape, dtype=w.dtype)) as the seed (PyTorch) code does it:
-  # the fp32 normal is rounded to the weight dtype, sigma * noise is computed in fp32 and rounded to
-  # the weight dtype, then the sum is computed in fp32 and rounded to the weight dtype.
-  e_w = _round_to(e, dtype)
-  step_w = _round_to(sigma * e_w, dtype)
-  return _round_to(p32 + step_w, dtype).astype(dtype)
+  # bf16_faithful: w.add_((sigma * randn_fp32).to(w.dtype)): sigma * noise in fp32 rounded once to
+  # the weight dtype, then the sum in fp32 rounded to the weight dtype.
+  return _round_to(p32 + _round_to(sigma * e, dtype), dtype).astype(dtype)
 
 
 def apply_noise(
@@ -552,8 +551,8 @@ def apply_noise(
     noise: pytree from ``sample_noise``/``member_noise`` with the structure of ``params``.
     sigma: noise scale σ (a value, so changing it does not recompile).
     precision: ``"fp32"``: ``(float32(w) + σ ε)`` rounded once to the weight dtype (exact for fp32
-      master weights). ``"bf16_faithful"``: the reference code's arithmetic in the weight dtype,
-      ``round_w(w + round_w(σ · round_w(ε)))``, with ``round_w`` rounding to the weight dtype
+      master weights). ``"bf16_faithful"``: an in-place bf16 step, float32 noise scaled and
+      rounded once, ``round_w(w + round_w(σ ε))``, with ``round_w`` rounding to the weight dtype
       (docs/method.md §1), so bf16 drift figures compare like for like. Identical for fp32 weights.
 
   Returns:

@@ -171,9 +171,11 @@ def population_completions(
 
     def member_inputs(i):
       if rank is None:
-        if precision == "reference":
+        if precision in reference_arithmetic.MODES:
           key_i = noise_lib.member_key(step_key, i)
-          params_i = reference_arithmetic.perturb(params, key_i, sigma)
+          params_i = reference_arithmetic.perturb(
+            params, key_i, sigma, mode=precision, sharded=model_sharded
+          )
         else:
           params_i = noise_lib.perturb_member(
             params,
@@ -310,8 +312,8 @@ def evaluate_population(
       low-rank hook, see module docstring), ``low_rank_vectors`` (``"full"`` or ``"frozen"``
       noise for vector leaves in low rank: norms and biases, stacked ones included,
       ``noise.is_matrix_leaf``) and ``precision`` (``"fp32"`` or ``"bf16_faithful"``, full rank
-      only, see ``noise.apply_noise``; or ``"reference"``: members perturbed as
-      ``es_jax.reference_arithmetic.perturb`` does).
+      only, see ``noise.apply_noise``; or ``"bf16_shared_noise"`` / ``"bf16_tensor_noise"``:
+      members perturbed as ``es_jax.reference_arithmetic.perturb`` does).
     decoding: the ``sampling.Decoding`` every member decodes with: budget ``T``, temperature (0
       for greedy fitness, the paper's Easy setting), top-p, EOS and pad tokens.
     score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,

@@ -315,6 +315,8 @@ def _get(config: Any, dotted: str) -> Any:
 
 def _cross_checks(config: Any) -> None:
   """Rules that involve two fields."""
+  from es_jax import reference_arithmetic
+
   es, grpo, model = config.es, config.grpo, config.model
   if es.antithetic and es.population_size % 2:
     raise fail(
@@ -322,7 +324,7 @@ def _cross_checks(config: Any) -> None:
       es.population_size,
       "es.antithetic=True pairs members: use an even population size",
     )
-  if es.precision == "reference":  # the reference code's plain ES step, nothing else
+  if es.precision in reference_arithmetic.MODES:  # those codes' plain ES step, nothing else
     for field, ok, need in (
       ("optimizer", es.optimizer == "sgd", "sgd"),
       ("rank", int(es.rank) == 0, "0 (full rank)"),
@@ -330,7 +332,7 @@ def _cross_checks(config: Any) -> None:
       ("shaping", es.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
     ):
       if not ok:
-        raise fail(f"es.{field}", es[field], f"es.precision='reference' needs {need}")
+        raise fail(f"es.{field}", es[field], f"es.precision={es.precision!r} needs {need}")
   rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
   if grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
     raise fail(

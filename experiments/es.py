@@ -40,7 +40,8 @@ from es_jax.rewards import failure_metrics
 from experiments import config_check, run_context, run_data, train_loop
 
 OPTIMIZERS = ("sgd", "adam")
-PRECISIONS = ("fp32", "bf16", "bf16_faithful", "reference")
+# "bf16": "fp32" arithmetic on weights kept in the model's dtype; the rest are noise.NoiseSpec's.
+PRECISIONS = ("bf16", *noise.SPEC_PRECISIONS)
 log = logging.getLogger(__name__)
 
 
@@ -145,8 +146,8 @@ def make_optimizer(
 
 def master_weights(params, precision: str, compute_dtype) -> Any:
   """The weights ES updates for `es.precision`: float32 masters ("fp32"), or the model's own
-  compute dtype ("bf16", "bf16_faithful": `_apply`'s update is rounded to it once; "reference":
-  `_reference_apply` rounds as the reference code does)."""
+  compute dtype ("bf16", "bf16_faithful": `_apply`'s update is rounded to it once;
+  "bf16_shared_noise", "bf16_tensor_noise": `_in_place_apply` rounds as those codes do)."""
   return models.cast_params(params, jnp.float32 if precision == "fp32" else compute_dtype)
 
 
@@ -158,15 +159,18 @@ def _apply(state: dict[str, Any], fitness, step_key, learning_rate, *, rule: Upd
   return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
 
 
-@functools.partial(jax.jit, static_argnames=("shaping",), donate_argnums=(0,))
-def _reference_apply(state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping):
-  """es.precision="reference": the members' perturb/restore residues, then the reference code's
-  member-by-member update in the weights' dtype (es_jax.reference_arithmetic)."""
+@functools.partial(jax.jit, static_argnames=("shaping", "mode", "sharded"), donate_argnums=(0,))
+def _in_place_apply(
+  state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping, mode, sharded
+):
+  """es.precision in `reference_arithmetic.MODES`: the members' in-place perturb/restore
+  residues, then that code's update, rounded as it rounds (es_jax.reference_arithmetic)."""
   params = state["params"]
   n = fitness.shape[0]
-  params = reference_arithmetic.residue(params, step_key, n, sigma)
+  params = reference_arithmetic.residue(params, step_key, n, sigma, mode=mode, sharded=sharded)
   weights = fitness_lib.shape_fitness(fitness, population_size=n, shaping=shaping, key=step_key)
-  return {**state, "params": reference_arithmetic.update(params, step_key, weights, alpha)}
+  params = reference_arithmetic.update(params, step_key, weights, alpha, mode=mode, sharded=sharded)
+  return {**state, "params": params}
 
 
 def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
@@ -231,9 +235,18 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     except ValueError as e:
       raise ValueError(f"config.es: {e}") from None
     shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
-    if cfg.precision == "reference":
+    if cfg.precision in reference_arithmetic.MODES:
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
-      state = _reference_apply(state, shaped, step_key, sigma, alpha, shaping=cfg.shaping)
+      state = _in_place_apply(
+        state,
+        shaped,
+        step_key,
+        sigma,
+        alpha,
+        shaping=cfg.shaping,
+        mode=cfg.precision,
+        sharded=rule.sharded,
+      )
     else:
       state = _apply(state, shaped, step_key, learning_rate, rule=rule)
     values = step_metrics(fitness, stats)

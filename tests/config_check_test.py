@@ -77,7 +77,8 @@ def test_cross_field_rules():
   smoke = demo_config.get_config("smoke")
   for fields, name in (
     (dict(es__antithetic=True, es__population_size=5), "config.es.population_size=5"),
-    (dict(es__precision="reference", es__rank=4), "config.es.rank=4"),
+    (dict(es__precision="bf16_shared_noise", es__rank=4), "config.es.rank=4"),
+    (dict(es__precision="bf16_tensor_noise", es__optimizer="adam"), "config.es.optimizer='adam'"),
     (dict(grpo__mini_batch_size=3), "config.grpo.mini_batch_size=3"),
     (dict(model__source="hf", model__path=""), "config.model.path=''"),
   ):

@@ -361,7 +361,12 @@ def test_noise_spec_is_frozen_hashable_and_validated_with_field_names():
     (dict(population_size=N, rank=2, low_rank_vectors="zero"), r"low_rank_vectors='zero'"),
     (dict(population_size=N, precision="bf16"), r"precision='bf16'"),
     (dict(population_size=N, rank=2, precision="bf16_faithful"), r"precision='bf16_faithful'"),
-    (dict(population_size=N, antithetic=True, precision="reference"), r"precision='reference'"),
+    (dict(population_size=N, precision="reference"), r"precision='reference'"),
+    (
+      dict(population_size=N, antithetic=True, precision="bf16_tensor_noise"),
+      r"precision='bf16_tensor_noise' draws one noise per member",
+    ),
+    (dict(population_size=N, rank=2, precision="bf16_shared_noise"), r"rank=2"),
   ]:
     with pytest.raises(ValueError, match=field):
       noise.NoiseSpec(**kwargs)

@@ -8,7 +8,7 @@ import optax
 import pytest
 from tiny_models import micro_config, random_params
 
-from es_jax import es, noise, population, sampling, sharding
+from es_jax import es, noise, population, reference_arithmetic, sampling, sharding
 
 # Qwen2-like micro model: qkv biases (non-hook [L, n] leaves) and a tied head (hook via embed).
 CONFIG = micro_config(qkv_bias=True, tie_embeddings=True, architecture="qwen2")
@@ -107,6 +107,17 @@ def test_full_rank_members_match_direct_and_single_device(key):
   np.testing.assert_allclose(stats1.mean_entropy, stats.mean_entropy, rtol=1e-5)
   np.testing.assert_array_equal(stats1.mean_length, stats.mean_length)
   _assert_same_completions(stats1.completions, stats.completions)
+
+
+@pytest.mark.parametrize("precision", reference_arithmetic.MODES)
+def test_in_place_members_are_those_of_reference_arithmetic(key, precision):
+  # bf16 weights, so the modes' roundings (and Qiu et al.'s shape-shared noise) show.
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _params())
+  _, stats = _evaluate(params, key, mesh=None, precision=precision)
+  for i in (0, N - 1):
+    member = reference_arithmetic.perturb(params, noise.member_key(key, i), SIGMA, mode=precision)
+    member = jax.tree.map(lambda x: x.astype(CONFIG.jnp_dtype), member)  # as members run
+    _assert_same_completions(stats.completions, _direct(member), rows=i)
 
 
 def test_sampled_decoding_uses_per_member_keys(key):

@@ -84,11 +84,12 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert os.path.getsize(tmp_path / png) > 1000
 
 
-def test_es_reference_precision_trains_bf16_weights(tmp_path):
-  # es.precision="reference": the reference code's bf16 arithmetic end to end; the weights stay
-  # bf16 and move (residues and the member-by-member update).
+@pytest.mark.parametrize("precision", ["bf16_shared_noise", "bf16_tensor_noise"])
+def test_es_in_place_precision_trains_bf16_weights(tmp_path, precision):
+  # The in-place bf16 schemes (es_jax.reference_arithmetic) end to end; the weights stay bf16 and
+  # move (residues and the update).
   quiet = dict(eval__every=0, eval__final=False, export_hf=False)
-  ref = dict(method="es", es__precision="reference", es__rank=0, **quiet)
+  ref = dict(method="es", es__precision=precision, es__rank=0, **quiet)
   config = _config(demo_config, model__dtype="bfloat16", es__num_steps=2, **ref)
   es.run(config, str(tmp_path))
   _, saved = checkpoint_params(str(tmp_path / "checkpoints"))

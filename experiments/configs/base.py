@@ -104,15 +104,18 @@ def base_config() -> ml_collections.ConfigDict:
     antithetic=False,
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
-    # Weights and arithmetic for a bf16 (or fp16) model; all three are the same for fp32 models.
+    # Weights and arithmetic for a bf16 (or fp16) model (docs/method.md §1, "Arithmetic modes");
+    # round = rounding to the model's dtype. fp32 models: fp32 = bf16 = bf16_faithful.
     #   "fp32": float32 master weights (default): members θ + σε and the update are computed
     #     in float32, members run in the model's dtype.
     #   "bf16": weights kept in the model's dtype; θ + σε and θ + Δ rounded once to it (small
     #     updates below its resolution are lost).
-    #   "bf16_faithful": weights in the model's dtype with the reference PyTorch code's
-    #     arithmetic for members: round(w + round(σ · round(ε))) (es_jax.noise.apply_noise).
-    #   "reference": all of that code's bf16 arithmetic (es_jax.reference_arithmetic): shape-shared
-    #     per-tensor noise, perturb/restore residues, a member-by-member update; sgd, full rank.
+    #   "bf16_faithful": as "bf16", members round(w + round(σε)) (es_jax.noise.apply_noise).
+    #   "bf16_shared_noise": Qiu et al.'s code (es_jax.reference_arithmetic): one noise per
+    #     tensor shape drawn in bf16, in-place perturb/restore residues, the update summed in bf16.
+    #   "bf16_tensor_noise": the understanding-es reproduction's code: per-tensor fp32 noise,
+    #     σε rounded once, residues kept, the update summed in fp32 and rounded once.
+    #   The last two need optimizer "sgd", rank 0, antithetic False, zscore or centered_rank.
     precision="fp32",
     members_per_chunk=1,  # members vmapped together on a device
     max_new_tokens=64,
