@@ -85,6 +85,14 @@ def test_cross_field_rules():
       config_check.validate(_with(smoke, **fields))
 
 
+def test_hash_fallback_is_an_opt_in_reward_name():
+  easy = gsm8k_easy.get_config()
+  assert easy.data.reward == ""  # the task's own: \\boxed{} answers only
+  config = _with(easy, data__reward="gsm8k_hash")
+  assert config_check.validate(config) is config
+  assert "gsm8k_hash" in config_check.field_docs()["data.reward"]
+
+
 def test_make_context_validates_before_loading(monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError("the model was loaded before the config was checked")

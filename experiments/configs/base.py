@@ -62,7 +62,9 @@ def base_config() -> ml_collections.ConfigDict:
     data_dir="",  # prepared TFDS data ("" = TFDS's default directory)
     source_dir="",  # downloaded original files ("" = use what data_dir holds)
     on_bad_row="raise",  # a bad row of the source files: "raise" (naming file and line) or "skip"
-    reward="",  # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS)
+    # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS). Math tasks' own rewards
+    # read \boxed{} answers only (the paper's); "gsm8k_hash" / "math_hash" also take "#### n".
+    reward="",
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
   )
