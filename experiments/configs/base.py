@@ -165,7 +165,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
   # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
   # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
-  c.population_sweep = dict(sizes="8,16,32,64", window=10, tolerance=0.01, evaluate=False)
+  # ema_decay: the smoothing, a debiased EMA s_t = d·s_{t-1} + (1-d)·r_t, ŝ_t = s_t / (1 - d^t)
+  # (0 = none); tolerance: the smallest N within this of the largest N's smoothed reward.
+  c.population_sweep = dict(sizes="8,16,32,64", ema_decay=0.99, tolerance=0.01, evaluate=False)
   c.sparsity = dict(
     tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
   )
