@@ -237,6 +237,10 @@ def test_hard_default_eval_is_the_math_average_and_forgetting_is_held_out_only()
       ("countdown", "test"),
     ]
     assert not math & {t for t, _ in held_out} and c.method == "evaluate"
+    # The forgetting average is the paper's four; MBPP is a row of its own.
+    averaged = [c.eval.task] + [t["task"] for t in c.eval.extra_tasks if t.get("average", True)]
+    assert averaged == ["csqa", "hotpotqa", "gpqa", "countdown"]
+    assert [t["task"] for t in c.eval.extra_tasks if t.get("average") is False] == ["mbpp"]
 
 
 @pytest.mark.parametrize(

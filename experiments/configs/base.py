@@ -87,9 +87,9 @@ def base_config() -> ml_collections.ConfigDict:
     periodic_num_samples=4,
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
     # More tasks for the final evaluation (macro-averaged with `task`): task names, or dicts
-    # {task, split, limit, task_config, data_dir, source_dir, on_bad_row, label}; split, limit,
-    # data_dir and on_bad_row default to this section's. E.g. held-out tasks to check for
-    # forgetting (docs/method.md §7).
+    # {task, split, limit, task_config, data_dir, source_dir, on_bad_row, label, average}; split,
+    # limit, data_dir and on_bad_row default to this section's; average=False: a row of its own,
+    # not in the macro average. E.g. held-out tasks to check for forgetting (docs/method.md §7).
     extra_tasks=(),
   )
   c.es = dict(
@@ -242,12 +242,13 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
 # builders read (es_jax.data.builders) and that split's size in the files named there: CSQA's
 # dev_rand_split.jsonl, HotpotQA's distractor dev set, GPQA-Diamond, MBPP's test task ids 11-510
 # (scored by running the code in a sandboxed process, es_jax.rewards.code); Countdown's
-# test.jsonl has no standard size (None: all of it).
+# test.jsonl has no standard size (None: all of it). The forgetting average is the paper's four
+# (CSQA, HotpotQA, GPQA-Diamond, Countdown); MBPP has a row of its own ("average": False).
 HELD_OUT_TASKS = (
   {"task": "csqa", "split": "validation", "limit": 1221},
   {"task": "hotpotqa", "split": "validation", "limit": 7405},
   {"task": "gpqa", "split": "diamond", "limit": 198},
-  {"task": "mbpp", "split": "test", "limit": 500},
+  {"task": "mbpp", "split": "test", "limit": 500, "average": False},
   {"task": "countdown", "split": "test", "limit": None},
 )
 
@@ -256,7 +257,7 @@ def forgetting(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   """Turns `c` into its `:forgetting` variant in place: method="evaluate" of config.model on the
   held-out tasks only (HELD_OUT_TASKS; no math task, so the math score is never mixed in), with
   the config's sampling settings. eval/table.md has one row per task; its macro row is the mean
-  over the held-out tasks alone."""
+  over CSQA, HotpotQA, GPQA-Diamond and Countdown alone (MBPP below it, not averaged)."""
   first, *rest = HELD_OUT_TASKS
   c.method = "evaluate"
   c.eval.update(

@@ -33,7 +33,8 @@ ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2.
 `:forgetting`: method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model) on
 the held-out tasks only (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test run
 sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS), never averaged with the math
-tasks: one row per task in eval/table.md (its macro row averages the held-out tasks alone). Files
+tasks: one row per task in eval/table.md; its macro row averages the paper's four (CSQA, HotpotQA,
+GPQA-Diamond, Countdown), MBPP is reported below it, not averaged. Files
 as in gsm8k_easy.py's header (CSQA in --config.eval.source_dir, the others prepared once into the
 TFDS data_dir). 8,192 new tokens × 33 samples × about 9,300 problems plus Countdown's (HotpotQA's
 7,405 the most): run time not measured here.

@@ -38,11 +38,12 @@ Variants "[MODEL_][MODE_][smoke]" (docs/method.md §10.1):
   forgetting  method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model)
          on the held-out tasks (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test
          sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS) with the eval
-         settings above; eval/table.md gives one row per task (its macro row averages these
-         held-out tasks only). Each task reads its own files: pass them with
-         --config.eval.source_dir=CSQA_DIR for CSQA (dev_rand_split.jsonl), and for the others
-         prepare them once into the TFDS data_dir (es_jax.data.load_task with source_dir) or
-         give source_dir in --config.eval.extra_tasks: HotpotQA hotpot_dev_distractor_v1.json,
+         settings above; eval/table.md gives one row per task (its macro row averages CSQA,
+         HotpotQA, GPQA-Diamond and Countdown, the paper's four; MBPP below it, not averaged).
+         Each task reads its own files: pass them with --config.eval.source_dir=CSQA_DIR for
+         CSQA (dev_rand_split.jsonl), and for the others prepare them once into the TFDS
+         data_dir (es_jax.data.load_task with source_dir) or give source_dir in
+         --config.eval.extra_tasks: HotpotQA hotpot_dev_distractor_v1.json,
          GPQA gpqa_diamond.csv, MBPP mbpp.jsonl (or sanitized-mbpp.json / test.jsonl),
          Countdown test.jsonl (the paper does not say which Countdown problems it holds out).
          Cost: about 9,300 problems plus Countdown's, 33 samples each, HotpotQA's 7,405 the
