@@ -29,7 +29,9 @@ Expected run time: not measured. The planner's roofline (docs/tpu_plan.md, "Hard
 an ES step at about 16 minutes on 8 v5p chips (4 members per chip), so 630 steps take about a
 week there at peak bandwidth, about two days on 32 chips (one member each); GRPO faster per step.
 Expected result (paper, ×100 Pass@1/16/32, math average): base 47.7/73.5/77.4, GRPO 52.9/74.7/78.0,
-ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2.
+ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2. The paper's GRPO row is a
+released GRPO checkpoint, not a run of this config: evaluate one with --config.method=evaluate
+--config.model.path=HF_DIR (docs/method.md §9 gives the command).
 `:forgetting`: method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model) on
 the held-out tasks only (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test run
 sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS), never averaged with the math
