@@ -267,7 +267,7 @@ def schema() -> dict[str, Rule]:
     "progress": boolean,
     "demo.runs": comma_list(tuple(demo.RUNS)),
     "population_sweep.sizes": comma_list(ints_from=2),
-    "population_sweep.window": integer(1),
+    "population_sweep.ema_decay": number(0.0, 1.0, high_open=True),
     "population_sweep.tolerance": NON_NEGATIVE,
     "population_sweep.evaluate": boolean,
     "sparsity.tuned": text(),

@@ -274,12 +274,21 @@ def markdown_header(head: Sequence[Any]) -> list[str]:
   return [markdown_row(head), "|" + "---|" * len(head)]
 
 
-def markdown_table(summaries: Mapping[str, Mapping[str, Any]], macro_row: Mapping[str, Any]) -> str:
-  """A markdown table: one row per task and a macro-average row."""
+def markdown_table(
+  summaries: Mapping[str, Mapping[str, Any]],
+  macro_row: Mapping[str, Any],
+  averaged: Sequence[str] | None = None,
+) -> str:
+  """A markdown table: one row per task in `averaged` (default: all), their macro-average row,
+  then the other tasks' rows, marked as not averaged."""
+  averaged = list(summaries) if averaged is None else list(averaged)
   columns = _columns(next(iter(summaries.values())))
   head = {"num_problems": "problems", "mean_length": "length (tokens)", "mean_entropy": "entropy"}
   lines = markdown_header(["task", *(head.get(c, c) for c in columns)])
-  rows = list(summaries.items()) + [("macro average", macro_row)]
+  separate = [name for name in summaries if name not in averaged]
+  macro_name = "macro average" + (f" ({', '.join(averaged)})" if separate else "")
+  rows = [(name, summaries[name]) for name in averaged] + [(macro_name, macro_row)]
+  rows += [(f"{name} (not averaged)", summaries[name]) for name in separate]
   for name, s in rows:
     lines.append(markdown_row([name, *(_cell(c, s.get(c)) for c in columns)]))
   n = next(iter(summaries.values()))["num_samples"]
@@ -292,22 +301,26 @@ def markdown_table(summaries: Mapping[str, Mapping[str, Any]], macro_row: Mappin
   return "\n".join(lines) + "\n"
 
 
-def write_report(summaries: Mapping[str, Mapping[str, Any]], out_dir: str) -> dict[str, str]:
-  """Writes table.md, table.json and pass_at_k.png for the task summaries (plus macro average).
+def write_report(
+  summaries: Mapping[str, Mapping[str, Any]], out_dir: str, averaged: Sequence[str] | None = None
+) -> dict[str, str]:
+  """Writes table.md, table.json and pass_at_k.png for the task summaries (plus the macro average
+  over the tasks named in `averaged`, default all; table.json lists them as "macro_tasks").
 
   Returns:
     {"table_md", "table_json", "pass_at_k_png"} paths.
   """
   os.makedirs(out_dir, exist_ok=True)
-  macro_row = macro(summaries)
+  averaged = list(summaries) if averaged is None else list(averaged)
+  macro_row = macro({name: summaries[name] for name in averaged})
   paths = {
     "table_md": os.path.join(out_dir, TABLE_MD),
     "table_json": os.path.join(out_dir, TABLE_JSON),
     "pass_at_k_png": os.path.join(out_dir, PASS_AT_K_PNG),
   }
   tasks = {name: dict(s) for name, s in summaries.items()}
-  write_json(paths["table_json"], {"tasks": tasks, "macro": macro_row})
-  write_text(paths["table_md"], markdown_table(summaries, macro_row))
+  write_json(paths["table_json"], {"tasks": tasks, "macro": macro_row, "macro_tasks": averaged})
+  write_text(paths["table_md"], markdown_table(summaries, macro_row, averaged))
   curves = {
     name: (s["pass_at_k_curve"]["k"], s["pass_at_k_curve"]["value"]) for name, s in tasks.items()
   }

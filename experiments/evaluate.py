@@ -40,7 +40,7 @@ import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import ml_collections
@@ -51,20 +51,13 @@ from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, models, rewards, sampling
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data
 from experiments.config_check import check, positive_int
+from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
 read_records = eval_results.read_records
 summarize = eval_results.summarize
 write_report = eval_results.write_report
-
-
-class TaskSpec(NamedTuple):
-  """One task of `evaluate_tasks`: a unique label, the reward/task name, its examples."""
-
-  label: str
-  task: str
-  examples: Sequence[dict]
 
 
 # evaluate_model's arguments are not config fields: the same error without "config.".
@@ -280,14 +273,16 @@ def evaluate_tasks(
 
   Args:
     params, config, tokenizer: as in `evaluate_model`; a loader callable is called at most once.
-    tasks: TaskSpecs with unique labels.
+    tasks: TaskSpecs with unique labels; those with `average` False are left out of the macro
+      average (reported in their own rows).
     key: PRNG key; each task draws from fold_in(key, crc32(label)), so tasks do not share samples
       and adding a task does not change the others.
     out_dir: where every task's files and the combined report go.
     **kwargs: the remaining keyword arguments of `evaluate_model`.
 
   Returns:
-    {"tasks": {label: evaluate_model results}, "macro": macro-averaged metrics}.
+    {"tasks": {label: evaluate_model results}, "macro": metrics macro-averaged over the tasks
+    with `average`, "macro_tasks": their labels}.
   """
   labels = [t.label for t in tasks]
   _check(len(tasks) > 0, "tasks", labels, "need at least one task")
@@ -312,10 +307,12 @@ def evaluate_tasks(
   summaries = {
     label: {k: v for k, v in r.items() if k not in extra} for label, r in results.items()
   }
-  macro = eval_results.macro(summaries)
+  averaged = [t.label for t in tasks if t.average]
+  _check(bool(averaged), "tasks average", labels, "at least one task must enter the average")
+  macro = eval_results.macro({label: summaries[label] for label in averaged})
   if out_dir is not None:
-    write_report(summaries, out_dir)
-  return {"tasks": results, "macro": macro}
+    write_report(summaries, out_dir, averaged=averaged)
+  return {"tasks": results, "macro": macro, "macro_tasks": averaged}
 
 
 class Evaluator:
@@ -404,63 +401,6 @@ class Evaluator:
       should_stop=should_stop,
       **self._kwargs(n),
     )
-
-
-def task_label(task: str) -> str:
-  """A task's label in evaluation files and tables (its name, "/" replaced)."""
-  return task.replace("/", "_")
-
-
-EXTRA_TASK_FIELDS = (
-  "task",
-  "split",
-  "limit",
-  "task_config",
-  "data_dir",
-  "source_dir",
-  "on_bad_row",
-  "label",
-)
-
-
-def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec]:
-  """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
-  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
-  (default: none / the task name). Errors name the entry, e.g. `eval.extra_tasks[1].task`."""
-  entries = ev.get("extra_tasks") or ()
-  check(
-    isinstance(entries, (list, tuple)),
-    "eval.extra_tasks",
-    entries,
-    "give a list of task names or {task, split, limit, ...} dicts",
-  )
-  specs = []
-  for i, entry in enumerate(entries):
-    field = f"eval.extra_tasks[{i}]"
-    entry = {"task": entry} if isinstance(entry, str) else entry
-    check(isinstance(entry, Mapping), field, entry, "give a task name or a dict with 'task'")
-    entry = dict(entry)
-    unknown = sorted(set(entry) - set(EXTRA_TASK_FIELDS))
-    check(not unknown, field, entry, f"unknown keys {unknown}; use {list(EXTRA_TASK_FIELDS)}")
-    section = {
-      "split": ev.get("split"),
-      "limit": ev.get("limit"),
-      "data_dir": ev.get("data_dir"),
-      "on_bad_row": ev.get("on_bad_row"),
-      **entry,
-    }
-    task = section.get("task")
-    check(isinstance(task, str) and bool(task), f"{field}.task", task, "name the task")
-    label = section.get("label") or task_label(task)
-    check(
-      label not in taken,
-      f"{field}.label",
-      label,
-      "labels must be unique (the main eval task's included): set 'label'",
-    )
-    taken.add(label)
-    specs.append(TaskSpec(label, task, run_data.load_examples(section, field)))
-  return specs
 
 
 def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

@@ -175,26 +175,37 @@ def setup_logging(verbosity: int) -> None:
 
 
 def dry_run(config, workdir: str) -> dict:
-  """Loads what the config names (model, training pool, evaluation sets, reward); trains nothing."""
+  """Loads what the config's method reads (model, training pool, evaluation sets, reward; for
+  method=evaluate the model and evaluation sets only, as evaluate.run); trains nothing."""
   import jax
 
-  from experiments import run_context
+  from es_jax import models
+  from experiments import config_check, evaluate, model_io, run_context, run_data
 
   t0 = time.perf_counter()
-  ctx = run_context.make_context(config, workdir)
-  n_params = sum(int(x.size) for x in jax.tree.leaves(ctx.base_params))
-  summary = {
+  if config.method == "evaluate":  # no training pool: a checkpoint's evaluation needs none
+    config_check.validate(config)
+    config_check.check_workdir(config, workdir)
+    with config_check.user_errors("config.model"):
+      model, tokenizer = model_io.load_model(config.model, seed=config.seed)
+    params, dtype = models.params(model), model.config.dtype
+    evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+    train_examples, mesh = 0, {}
+  else:
+    ctx = run_context.make_context(config, workdir)
+    params, dtype, evaluator = ctx.base_params, ctx.model_config.dtype, ctx.evaluator
+    train_examples, mesh = len(ctx.examples), dict(ctx.mesh.shape)
+  return {
     "dry_run": True,
     "method": config.method,
-    "model_parameters": n_params,
-    "model_dtype": ctx.model_config.dtype,
-    "train_examples": len(ctx.examples),
-    "eval_problems": len(ctx.evaluator.examples),
-    "extra_eval_tasks": [spec.label for spec in ctx.evaluator.extra],
-    "mesh": dict(ctx.mesh.shape),
+    "model_parameters": sum(int(x.size) for x in jax.tree.leaves(params)),
+    "model_dtype": dtype,
+    "train_examples": train_examples,
+    "eval_problems": len(evaluator.examples),
+    "extra_eval_tasks": [spec.label for spec in evaluator.extra],
+    "mesh": mesh,
     "seconds": round(time.perf_counter() - t0, 1),
   }
-  return summary
 
 
 def main(argv) -> None:

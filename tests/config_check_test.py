@@ -86,6 +86,14 @@ def test_cross_field_rules():
       config_check.validate(_with(smoke, **fields))
 
 
+def test_hash_fallback_is_an_opt_in_reward_name():
+  easy = gsm8k_easy.get_config()
+  assert easy.data.reward == ""  # the task's own: \\boxed{} answers only
+  config = _with(easy, data__reward="gsm8k_hash")
+  assert config_check.validate(config) is config
+  assert "gsm8k_hash" in config_check.field_docs()["data.reward"]
+
+
 def test_make_context_validates_before_loading(monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError("the model was loaded before the config was checked")
@@ -198,3 +206,14 @@ def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
   assert summary["model_parameters"] > 0 and summary["mesh"] == {"pop": 1, "model": 1}
   assert summary["train_examples"] == 16 and summary["eval_problems"] == 4
   assert not workdir.exists()  # nothing trained, no file written
+  # method=evaluate (a checkpoint's evaluation) reads no training pool, as evaluate.run: the Hard
+  # config's DeepScaleR files are not needed.
+  hard = deepscaler_hard.get_config("smoke")
+  evaluate_only = _with(
+    hard, method="evaluate", data__source_dir=str(tmp_path / "none"), data__task="deepscaler"
+  )
+  summary = main.dry_run(evaluate_only, str(workdir))
+  assert summary["method"] == "evaluate" and summary["train_examples"] == 0
+  assert summary["eval_problems"] == hard.eval.limit and not workdir.exists()
+  with pytest.raises(config_check.ConfigError, match="config.data"):  # training still needs it
+    main.dry_run(_with(evaluate_only, method="es"), str(workdir))

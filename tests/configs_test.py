@@ -211,6 +211,14 @@ def test_sweep_variants_are_the_papers_grid():
     gsm8k_easy.get_config("qwen2.5-7b_sweep")
 
 
+def test_hard_steps_are_one_epoch_of_deepscaler():
+  hard = deepscaler_hard.get_config()
+  assert hard.data.limit == 40315  # DeepScaleR-Preview's problems
+  epoch = -(-hard.data.limit // hard.data.prompts_per_step)  # ceil: the last step wraps
+  assert epoch == 630
+  assert hard.es.num_steps == hard.grpo.num_steps == hard.sequential.total_steps == epoch
+
+
 def test_hard_default_eval_is_the_math_average_and_forgetting_is_held_out_only():
   hard = deepscaler_hard.get_config()
   tasks = [hard.eval.task, *(t["task"] for t in hard.eval.extra_tasks)]
@@ -229,6 +237,10 @@ def test_hard_default_eval_is_the_math_average_and_forgetting_is_held_out_only()
       ("countdown", "test"),
     ]
     assert not math & {t for t, _ in held_out} and c.method == "evaluate"
+    # The forgetting average is the paper's four; MBPP is a row of its own.
+    averaged = [c.eval.task] + [t["task"] for t in c.eval.extra_tasks if t.get("average", True)]
+    assert averaged == ["csqa", "hotpotqa", "gpqa", "countdown"]
+    assert [t["task"] for t in c.eval.extra_tasks if t.get("average") is False] == ["mbpp"]
 
 
 @pytest.mark.parametrize(

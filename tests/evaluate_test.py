@@ -93,6 +93,29 @@ def test_writes_files_with_consistent_numbers(full_run):
   assert "| toy |" in md and "| macro average |" in md and f"{row['pass@1']:.3f}" in md
 
 
+def test_macro_average_covers_only_the_averaged_tasks(tmp_path):
+  def summary(p1, problems):
+    curve = {"k": [1, 2], "value": [p1, min(1.0, 2 * p1)]}
+    return {"num_problems": problems, "num_samples": 2, "pass@1": p1, "pass_at_k_curve": curve}
+
+  # The forgetting layout: four averaged held-out tasks, MBPP on its own.
+  values = {"csqa": 0.8, "hotpotqa": 0.2, "gpqa": 0.3, "mbpp": 0.9, "countdown": 0.1}
+  summaries = {name: summary(v, 10 + i) for i, (name, v) in enumerate(values.items())}
+  four = ["csqa", "hotpotqa", "gpqa", "countdown"]
+  eval_results.write_report(summaries, str(tmp_path), averaged=four)
+  table = json.load(open(tmp_path / "table.json"))
+  assert table["macro"]["pass@1"] == pytest.approx((0.8 + 0.2 + 0.3 + 0.1) / 4)  # not 0.46
+  assert table["macro"]["num_problems"] == 10 + 11 + 12 + 14
+  assert table["macro_tasks"] == four and table["tasks"]["mbpp"]["pass@1"] == 0.9
+  lines = (tmp_path / "table.md").read_text().splitlines()
+  names = [ln.split("|")[1].strip() for ln in lines[2:8]]
+  assert names == [*four, "macro average (csqa, hotpotqa, gpqa, countdown)", "mbpp (not averaged)"]
+  eval_results.write_report(summaries, str(tmp_path / "all"))  # default: every task averaged
+  macro_all = json.load(open(tmp_path / "all" / "table.json"))["macro"]["pass@1"]
+  assert macro_all == pytest.approx(np.mean(list(values.values())))
+  assert "| macro average |" in (tmp_path / "all" / "table.md").read_text()
+
+
 def test_samples_differ_across_problems_and_samples(full_run):
   texts = [t for r in full_run[0]["records"] for t in r["texts"]]
   assert len(set(texts)) > len(texts) // 2  # fresh keys per sample, not one stream reused

@@ -62,7 +62,6 @@ def test_plain_number_and_last_number():
     (r"\boxed{2^{10}}", "1024", 1.0),
     (r"\boxed{3} no wait \boxed{4}", "4", 1.0),
     (r"Final: \boxed{7}", r"\boxed{7}", 1.0),  # a boxed gold is unwrapped
-    ("#### 1,072", "1072", 1.0),  # GSM8K-style answer counts as formatted
     (r"\boxed{3}", "4", 0.1),
     (r"\boxed{\pi}", "3.14", 0.1),
     (r"\boxed{}", "4", 0.1),
@@ -73,6 +72,35 @@ def test_plain_number_and_last_number():
 def test_math_reward_table(completion, gold, want):
   assert rewards.math_reward(completion, {"answer": gold}) == want
   assert rewards.is_correct(completion, {"answer": gold}, task="math500") == (want == 1.0)
+
+
+# The paper's training reward reads \boxed{} only; evaluation falls back to "####" (§1, §5).
+# (completion, gold, training reward, *_hash reward, evaluation correct)
+_HASH_CASES = [
+  (r"so \boxed{72}", "72", 1.0, 1.0, True),
+  (r"so \boxed{71}", "72", 0.1, 0.1, False),
+  ("so she sold 72.\n#### 72", "72", 0.0, 1.0, True),
+  ("so she sold 71.\n#### 71", "72", 0.0, 0.1, False),
+  (r"#### 71 then \boxed{72}", "72", 1.0, 1.0, True),  # the box wins over the hash
+  (r"\boxed{71} then #### 72", "72", 0.1, 0.1, False),
+  ("She sold 72 clips.", "72", 0.0, 0.0, False),
+]
+
+
+@pytest.mark.parametrize("completion,gold,train,hashed,correct", _HASH_CASES)
+def test_training_reward_boxed_only_unless_hash_name(completion, gold, train, hashed, correct):
+  for task, example in (("math", {"answer": gold}), ("gsm8k", {"answer": f"... #### {gold}"})):
+    assert rewards.get_reward(task)(completion, example) == train, task
+    assert rewards.get_reward(f"{task}_hash")(completion, example) == hashed, task
+    for name in (task, f"{task}_hash"):
+      assert rewards.is_correct(completion, example, task=name) is correct, name
+  assert rewards.get_reward("deepscaler")(completion, {"answer": gold}) == train
+  assert rewards.is_correct(completion, {"answer": gold}, task="math500") is correct
+
+
+def test_answer_key_falls_back_to_the_hash_number():
+  assert rewards.answer_key("so\n#### 1,072", task="gsm8k") == "1072"
+  assert rewards.answer_key("so\n#### 1,072", task="math_hash") == "1072"
 
 
 def test_gsm8k_gold_and_last_number_fallback():
@@ -405,6 +433,8 @@ _GARBAGE = [
 _GARBAGE_EXAMPLES = {
   "math": {"answer": "5"},
   "gsm8k": {"answer": "#### 5"},
+  "math_hash": {"answer": "5"},
+  "gsm8k_hash": {"answer": "#### 5"},
   "countdown": {"nums": [1, 2], "target": 3},
   "choice": {"answer": "A"},
   "qa": {"answer": ["x", "y"]},

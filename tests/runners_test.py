@@ -103,8 +103,12 @@ def test_es_in_place_precision_trains_bf16_weights(tmp_path, precision):
   "module, method", [(gsm8k_easy, "es"), (deepscaler_hard, "grpo")], ids=["gsm8k_es", "hard_grpo"]
 )
 def test_paper_config_smoke(tmp_path, module, method):
-  # A held-out extra task in the final evaluation (macro-averaged with the main one).
-  extra = ({"task": "reasoning_gym/chain_sum", "limit": 2, "label": "held_out"},)
+  # A held-out extra task in the final evaluation (macro-averaged with the main one), and one
+  # reported separately (average=False: a row, not in the average).
+  extra = (
+    {"task": "reasoning_gym/chain_sum", "limit": 2, "label": "held_out"},
+    {"task": "reasoning_gym/chain_sum", "limit": 3, "label": "separate", "average": False},
+  )
   config = _config(
     module,
     method=method,
@@ -118,10 +122,14 @@ def test_paper_config_smoke(tmp_path, module, method):
   assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
   table = json.load(open(tmp_path / "run" / "eval" / "table.json"))
   main_label = evaluate.task_label(config.eval.task)
-  assert set(table["tasks"]) == {main_label, "held_out"}
+  assert set(table["tasks"]) == {main_label, "held_out", "separate"}
   assert table["tasks"]["held_out"]["num_problems"] == 2
-  per_task = [table["tasks"][t]["pass@1"] for t in table["tasks"]]
+  assert table["macro_tasks"] == [main_label, "held_out"]
+  assert table["macro"]["num_problems"] == table["tasks"][main_label]["num_problems"] + 2
+  per_task = [table["tasks"][t]["pass@1"] for t in (main_label, "held_out")]
   np.testing.assert_allclose(table["macro"]["pass@1"], np.mean(per_task), rtol=1e-6)
+  md = (tmp_path / "run" / "eval" / "table.md").read_text()
+  assert f"| macro average ({main_label}, held_out) |" in md and "| separate (not averaged) |" in md
 
 
 def test_extra_eval_tasks_bad_entries_name_the_field():
@@ -129,14 +137,18 @@ def test_extra_eval_tasks_bad_entries_name_the_field():
   specs = evaluate.extra_eval_tasks(
     {**ev, "extra_tasks": ("reasoning_gym/chain_sum",), "limit": 3}, taken=set()
   )
-  assert [(s.label, s.task, len(s.examples)) for s in specs] == [
-    ("reasoning_gym_chain_sum", "reasoning_gym/chain_sum", 3)
+  assert [(s.label, s.task, len(s.examples), s.average) for s in specs] == [
+    ("reasoning_gym_chain_sum", "reasoning_gym/chain_sum", 3, True)
   ]
+  entry = {"task": "reasoning_gym/chain_sum", "limit": 2, "average": False}
+  (spec,) = evaluate.extra_eval_tasks({**ev, "extra_tasks": (entry,)}, taken=set())
+  assert spec.average is False and len(spec.examples) == 2
   for entries, field in (
     (({"split": "test"},), r"eval.extra_tasks\[0\].task"),
     (("reasoning_gym/chain_sum", {"task": "reasoning_gym/chain_sum"}), r"extra_tasks\[1\].label"),
     (({"task": "gsm8k", "splt": "test"},), r"eval.extra_tasks\[0\].*splt"),
     ((3,), r"eval.extra_tasks\[0\]"),
+    (({"task": "gsm8k", "average": "no"},), r"eval.extra_tasks\[0\].average='no'"),
   ):
     with pytest.raises(ValueError, match=field):
       evaluate.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())

@@ -57,22 +57,3 @@ def test_sparsity_fractions_and_thresholded_evaluations(setup):
 def test_bad_tuned_path_is_named(tmp_path):
   with pytest.raises(ValueError, match="sparsity.tuned"):
     sparsity.load_tuned(str(tmp_path / "missing"), models.get_config("tiny-llama"))
-
-
-def test_population_sweep_runs_each_size(tmp_path):
-  from experiments import population_sweep
-
-  c = ConfigDict(demo_config.get_config("smoke").to_dict())
-  c.method, c.progress, c.export_hf = "population_sweep", False, False
-  c.eval.every = 0
-  c.es.num_steps = 2
-  c.population_sweep.update(sizes="4,2", window=2)
-  c.lock()
-  result = population_sweep.run(c, str(tmp_path))
-  assert sorted(result["smoothed_final_reward"]) == [2, 4]
-  assert result["smallest_sufficient_N"] in (2, 4)
-  assert (tmp_path / "N=2" / "DONE").exists() and (tmp_path / "sweep.png").stat().st_size > 1000
-  with pytest.raises(ValueError, match="population_sweep.sizes"):
-    c2 = ConfigDict(c.to_dict())
-    c2.population_sweep.sizes = "eight"
-    population_sweep.sizes_of(c2)

@@ -159,7 +159,7 @@ class Gsm8k(LocalFileBuilder):
 
 
 class Deepscaler(LocalFileBuilder):
-  """DeepScaleR-Preview (~40k competition problems): problem / solution / answer."""
+  """DeepScaleR-Preview (40,315 competition problems): problem / solution / answer."""
 
   name = "deepscaler"
   SPLIT_FILES: ClassVar = {"train": ("deepscaler.json", "train.jsonl", "train.json")}

@@ -4,12 +4,18 @@
 |-----------------|--------------|-----------------------------------|-------------------------|
 | `math`          | math.py      | answer                            | 1 / 0.1 boxed-wrong / 0 |
 | `gsm8k`         | math.py      | answer (with "#### n", or just n) | 1 / 0.1 / 0             |
+| `math_hash`     | math.py      | answer                            | as `math`, or "#### n"  |
+| `gsm8k_hash`    | math.py      | as `gsm8k`                        | as `gsm8k`, or "#### n" |
 | `countdown`     | countdown.py | nums, target                      | 0.1·format + answer     |
 | `choice`        | choice.py    | answer (a letter)                 | 1 / 0.1 / 0             |
 | `qa`            | qa.py        | answer (string or aliases)        | EM (or F1)              |
 | `code`          | code.py      | test_list, [test_setup_code]      | 1 if all asserts pass   |
 | `reasoning_gym` | gym_tasks.py | answer, metadata.source_dataset   | the task's score_answer |
 | `char_parity`   | synthetic.py | (none)                            | share of odd characters |
+
+The math training rewards read `\\boxed{}` answers only (the paper's reward); the `_hash`
+names opt into GSM8K's "#### n" as a formatted answer too (data.reward="gsm8k_hash"). Evaluation
+(`is_correct`, `answer_key`) takes the boxed answer, falling back to "#### n", under every name.
 
 Dataset names map onto these (`aime24` → math, `mbpp` → code, `hotpotqa` → qa, ...; see
 `TASK_REWARDS`). Every verifier bounds its time on hostile input: extraction is linear in the
@@ -50,6 +56,8 @@ from es_jax.rewards.verifier import failure_counts
 REWARDS: dict[str, Callable[..., float]] = {
   "math": math_reward,
   "gsm8k": gsm8k_reward,
+  "math_hash": functools.partial(math_reward, hash_fallback=True),
+  "gsm8k_hash": functools.partial(gsm8k_reward, hash_fallback=True),
   "countdown": countdown_reward,
   "choice": choice_reward,
   "qa": qa_reward,
@@ -60,6 +68,8 @@ REWARDS: dict[str, Callable[..., float]] = {
 _CORRECT = {
   "math": math_correct,
   "gsm8k": gsm8k_correct,
+  "math_hash": math_correct,
+  "gsm8k_hash": gsm8k_correct,
   "countdown": countdown_correct,
   "choice": choice_correct,
   "qa": qa_correct,
@@ -70,6 +80,8 @@ _CORRECT = {
 _ANSWER_KEY = {
   "math": math_answer_key,
   "gsm8k": math_answer_key,
+  "math_hash": math_answer_key,
+  "gsm8k_hash": math_answer_key,
   "countdown": countdown_answer_key,
   "choice": choice_answer_key,
   "qa": qa_answer_key,

@@ -1,15 +1,19 @@
 """Math rewards: boxed answers graded with math-verify (GSM8K, MATH, DeepScaleR, AIME, AMC).
 
-Training reward (docs/method.md §1, as the reference ES code scores):
+Training reward (docs/method.md §1, the paper's):
 
-    r = 1.0               if the extracted answer is equivalent to the gold answer
-        format_reward     (0.1) if an answer was given in the expected format but is wrong
-        0.0               if no answer was found
+    r = 1.0               if the last `\\boxed{...}` answer is equivalent to the gold answer
+        format_reward     (0.1) if a boxed answer exists but is wrong
+        0.0               if there is no boxed answer
 
-The answer is the last brace-matched `\\boxed{...}` (or `\\fbox{...}`); failing that, the number
-after GSM8K's `####` (also counted as formatted). With `fallback="last_number"` the last number in
-the text is used next; it can earn 1.0 but never the format credit (measured: SmolLM2-135M boxes
-~1% of the time, so without it the demo's rewards are almost all zero).
+The answer is the last brace-matched `\\boxed{...}` (or `\\fbox{...}`). With `hash_fallback=True`
+(the rewards named `math_hash` / `gsm8k_hash`, an opt-in) the number after GSM8K's `####` is used
+next and also counts as formatted. With `fallback="last_number"` the last number in the text is
+used after that; it can earn 1.0 but never the format credit (measured: SmolLM2-135M boxes ~1% of
+the time, so without it small models' rewards are almost all zero).
+
+Evaluation correctness (`math_correct`, `gsm8k_correct`, `math_answer_key`; docs/method.md §5) is
+the equivalence of the boxed answer, falling back to the `####` number: always `hash_fallback`.
 
 Equivalence: two plain numbers are compared exactly in-process (`1,234` = `1234.0`); anything
 else goes to math-verify (`0.5` = `\\frac{1}{2}`, `x=5` = `5`) in the killable worker of
@@ -37,13 +41,16 @@ def _check_fallback(fallback):
     raise ValueError(f"fallback={fallback!r} is not one of {FALLBACKS}.")
 
 
-def extract_math_answer(completion: str, *, fallback: str | None = None) -> MathAnswer:
-  """The graded answer: last `\\boxed{}`, else `####` number, else (optionally) the last number."""
+def extract_math_answer(
+  completion: str, *, hash_fallback: bool = True, fallback: str | None = None
+) -> MathAnswer:
+  """The graded answer: last `\\boxed{}`, else (with `hash_fallback`) the `####` number, else
+  (with `fallback="last_number"`) the last number."""
   _check_fallback(fallback)
   boxed = extract.last_boxed(completion)
   if boxed is not None:
     return MathAnswer(boxed, True)
-  hashed = extract.hash_answer(completion)
+  hashed = extract.hash_answer(completion) if hash_fallback else None
   if hashed is not None:
     return MathAnswer(hashed, True)
   if fallback == "last_number":
@@ -96,8 +103,8 @@ def _gold(example: dict, field: str = "answer") -> str:
   return boxed if boxed is not None else gold.strip()
 
 
-def _score(gold, completion, fallback, format_reward, timeout_s) -> float:
-  answer = extract_math_answer(completion, fallback=fallback)
+def _score(gold, completion, fallback, format_reward, timeout_s, hash_fallback) -> float:
+  answer = extract_math_answer(completion, hash_fallback=hash_fallback, fallback=fallback)
   if answer.text is None:
     return 0.0
   if answers_equal(gold, answer.text, timeout_s=timeout_s):
@@ -109,19 +116,22 @@ def math_reward(
   completion: str,
   example: dict,
   *,
+  hash_fallback: bool = False,
   fallback: str | None = None,
   format_reward: float = 0.1,
   timeout_s: float = 5.0,
 ) -> float:
-  """1.0 / format_reward / 0.0 against `example["answer"]` (a `\\boxed{}` gold is unwrapped)."""
-  return _score(_gold(example), completion, fallback, format_reward, timeout_s)
+  """1.0 / format_reward / 0.0 against `example["answer"]` (a `\\boxed{}` gold is unwrapped);
+  `\\boxed{}` answers only unless `hash_fallback`."""
+  gold = _gold(example)
+  return _score(gold, completion, fallback, format_reward, timeout_s, hash_fallback)
 
 
 def math_correct(
   completion: str, example: dict, *, fallback: str | None = None, timeout_s: float = 5.0
 ) -> bool:
-  """Whether the extracted answer is equivalent to `example["answer"]`."""
-  return math_reward(completion, example, fallback=fallback, timeout_s=timeout_s) == 1.0
+  """Whether the boxed answer, else the `####` number, is equivalent to `example["answer"]`."""
+  return _score(_gold(example), completion, fallback, 0.0, timeout_s, True) == 1.0
 
 
 def _gsm8k_gold_of(example: dict) -> str:
@@ -133,19 +143,21 @@ def gsm8k_reward(
   completion: str,
   example: dict,
   *,
+  hash_fallback: bool = False,
   fallback: str | None = None,
   format_reward: float = 0.1,
   timeout_s: float = 5.0,
 ) -> float:
   """`math_reward` with the gold taken after `####` in `example["answer"]` (or used as is)."""
-  return _score(_gsm8k_gold_of(example), completion, fallback, format_reward, timeout_s)
+  gold = _gsm8k_gold_of(example)
+  return _score(gold, completion, fallback, format_reward, timeout_s, hash_fallback)
 
 
 def gsm8k_correct(
   completion: str, example: dict, *, fallback: str | None = None, timeout_s: float = 5.0
 ) -> bool:
-  """Whether the extracted answer equals the GSM8K gold number."""
-  return gsm8k_reward(completion, example, fallback=fallback, timeout_s=timeout_s) == 1.0
+  """Whether the boxed answer, else the `####` number, equals the GSM8K gold number."""
+  return _score(_gsm8k_gold_of(example), completion, fallback, 0.0, timeout_s, True) == 1.0
 
 
 def math_answer_key(completion: str, *, fallback: str | None = None) -> str | None:

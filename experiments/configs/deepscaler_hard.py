@@ -22,13 +22,21 @@ Model: --config.model.path = a local HF directory of DeepSeek-R1-Distill-Qwen-1.
 is the hub id read as a relative local directory; nothing is downloaded). The paper runs the Hard
 setting on this model only, with the default ES settings (N = 32, σ = 1.5e-3, α = 2.5e-4).
 Hardware: a TPU v4-32 / v5e-32 pod slice or 8 × 80 GB GPUs (8,192-token rollouts).
-Expected run time: several days for 200 ES steps on 32 chips; GRPO faster per step.
+Steps: 630 updates for ES, GRPO and the sequential schedules alike (315 per stage), one epoch of
+DeepScaleR-Preview's 40,315 problems at 64 prompts per step (630 × 64 = 40,320: the last step
+takes 5 prompts of the next epoch's permutation).
+Expected run time: not measured. The planner's roofline (docs/tpu_plan.md, "Hard ES on v5p") puts
+an ES step at about 16 minutes on 8 v5p chips (4 members per chip), so 630 steps take about a
+week there at peak bandwidth, about two days on 32 chips (one member each); GRPO faster per step.
 Expected result (paper, ×100 Pass@1/16/32, math average): base 47.7/73.5/77.4, GRPO 52.9/74.7/78.0,
-ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2.
+ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2. The paper's GRPO row is a
+released GRPO checkpoint, not a run of this config: evaluate one with --config.method=evaluate
+--config.model.path=HF_DIR (docs/method.md §9 gives the command).
 `:forgetting`: method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model) on
 the held-out tasks only (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test run
 sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS), never averaged with the math
-tasks: one row per task in eval/table.md (its macro row averages the held-out tasks alone). Files
+tasks: one row per task in eval/table.md; its macro row averages the paper's four (CSQA, HotpotQA,
+GPQA-Diamond, Countdown), MBPP is reported below it, not averaged. Files
 as in gsm8k_easy.py's header (CSQA in --config.eval.source_dir, the others prepared once into the
 TFDS data_dir). 8,192 new tokens × 33 samples × about 9,300 problems plus Countdown's (HotpotQA's
 7,405 the most): run time not measured here.
@@ -37,6 +45,9 @@ tasks), a few steps: under a minute on CPU; checks the plumbing only.
 """
 
 from experiments.configs.base import base_config, forgetting, parse_variant, smoke
+
+# One epoch of DeepScaleR-Preview (40,315 problems) at 64 prompts per step: ceil(40315 / 64).
+HARD_STEPS = 630
 
 # The math average's tasks besides MATH-500 (docs/method.md §5, §10): all of each test split.
 MATH_EXTRA_TASKS = (
@@ -74,7 +85,7 @@ def get_config(variant: str | None = None):
   # needed 123 GiB (docs/tpu_plan.md).
   # Hard: sampled fitness at temperature 0.6 (docs/method.md §1).
   c.es.update(
-    num_steps=200,
+    num_steps=HARD_STEPS,
     population_size=32,
     sigma=1.5e-3,
     learning_rate=2.5e-4,
@@ -84,7 +95,7 @@ def get_config(variant: str | None = None):
   )
   # members_per_chunk=1: one member decodes at a time per chip (40 GiB per v5p chip at 8192 tokens).
   c.grpo.update(
-    num_steps=200,
+    num_steps=HARD_STEPS,
     num_generations=8,
     learning_rate=1e-6,
     beta=0.001,
@@ -96,7 +107,7 @@ def get_config(variant: str | None = None):
   )
   # grpo.remat: the update of 8448-token rows compiles to 36.9 GiB per v5p chip with it, 192 GiB
   # of saved attention scores without (docs/tpu_plan.md).
-  c.sequential.update(total_steps=200, first_fraction=0.5)
+  c.sequential.update(total_steps=HARD_STEPS, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=3)
   if mode == "forgetting":
     forgetting(c)

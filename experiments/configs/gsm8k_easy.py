@@ -33,16 +33,17 @@ Variants "[MODEL_][MODE_][smoke]" (docs/method.md §10.1):
          twice one at N = 32), so the sweep costs about 3.75 × 300/234 of one default ES run.
          Expected (paper, smoothed reward at update 300, N = 8/16/32/64): 0.5B
          .442/.494/.525/.529, 1.5B .828/.839/.845/.844, 3B .890/.900/.900/.903; the smallest N
-         within 0.01 of N = 64: 32 for 0.5B, 16 for 1.5B and 3B. The smoothing window is not
-         stated in the paper (population_sweep.window keeps its default, 10).
+         within 0.01 of N = 64: 32 for 0.5B, 16 for 1.5B and 3B. Smoothing: a debiased EMA of
+         decay 0.99 (population_sweep.ema_decay).
   forgetting  method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model)
          on the held-out tasks (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test
          sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS) with the eval
-         settings above; eval/table.md gives one row per task (its macro row averages these
-         held-out tasks only). Each task reads its own files: pass them with
-         --config.eval.source_dir=CSQA_DIR for CSQA (dev_rand_split.jsonl), and for the others
-         prepare them once into the TFDS data_dir (es_jax.data.load_task with source_dir) or
-         give source_dir in --config.eval.extra_tasks: HotpotQA hotpot_dev_distractor_v1.json,
+         settings above; eval/table.md gives one row per task (its macro row averages CSQA,
+         HotpotQA, GPQA-Diamond and Countdown, the paper's four; MBPP below it, not averaged).
+         Each task reads its own files: pass them with --config.eval.source_dir=CSQA_DIR for
+         CSQA (dev_rand_split.jsonl), and for the others prepare them once into the TFDS
+         data_dir (es_jax.data.load_task with source_dir) or give source_dir in
+         --config.eval.extra_tasks: HotpotQA hotpot_dev_distractor_v1.json,
          GPQA gpqa_diamond.csv, MBPP mbpp.jsonl (or sanitized-mbpp.json / test.jsonl),
          Countdown test.jsonl (the paper does not say which Countdown problems it holds out).
          Cost: about 9,300 problems plus Countdown's, 33 samples each, HotpotQA's 7,405 the
@@ -133,7 +134,7 @@ def get_config(variant: str | None = None):
       eval_data="gsm8k",
     )
     if mode == "sweep":
-      c.population_sweep.update(sizes="2,4", window=2)
+      c.population_sweep.sizes = "2,4"
       c.es.num_steps = 3
   c.lock()
   return c

@@ -1,0 +1,48 @@
+"""experiments.population_sweep: the debiased EMA against hand-computed values, and a sweep of
+two population sizes on the demo's smoke config."""
+
+import pytest
+from ml_collections import ConfigDict
+
+from experiments import population_sweep, report
+from experiments.configs import demo as demo_config
+from experiments.logger import read_metrics
+
+
+def test_debiased_ema_hand_computed():
+  # s_1 = 0.01, ŝ_1 = 0.01 / 0.01 = 1; s_2 = 0.0099, ŝ_2 = 0.0099 / (1 - 0.9801) = 99/199;
+  # s_3 = 0.99 · 0.0099 + 0.01 = 0.019801, ŝ_3 = 0.019801 / (1 - 0.970299) = 19801/29701.
+  got = population_sweep.debiased_ema([1.0, 0.0, 1.0], 0.99)
+  assert got.tolist() == pytest.approx([1.0, 99 / 199, 19801 / 29701], rel=1e-12)
+  # A constant reward stays constant from step 1 (uncorrected, s_1 = 0.008).
+  assert population_sweep.debiased_ema([0.8] * 300, 0.99) == pytest.approx([0.8] * 300)
+  # decay 0.5 on (0, 4): s = 0, 2; ŝ_2 = 2 / 0.75.
+  assert population_sweep.debiased_ema([0.0, 4.0], 0.5).tolist() == pytest.approx([0.0, 8 / 3])
+  assert population_sweep.debiased_ema([0.3, 0.7], 0.0).tolist() == [0.3, 0.7]
+  with pytest.raises(ValueError, match="decay"):
+    population_sweep.debiased_ema([1.0], 1.0)
+
+
+def test_population_sweep_runs_each_size(tmp_path):
+  c = ConfigDict(demo_config.get_config("smoke").to_dict())
+  c.method, c.progress, c.export_hf = "population_sweep", False, False
+  c.eval.every = 0
+  c.es.num_steps = 2
+  c.population_sweep.sizes = "4,2"
+  c.lock()
+  result = population_sweep.run(c, str(tmp_path))
+  assert sorted(result["smoothed_final_reward"]) == [2, 4]
+  assert result["ema_decay"] == 0.99 and result["final_step"] == {2: 2, 4: 2}
+  for n in (2, 4):  # the reported value is the debiased EMA of the logged rewards
+    run = report.Run(
+      "r", str(tmp_path / f"N={n}"), rows=read_metrics(tmp_path / f"N={n}" / "metrics.jsonl")
+    )
+    steps, logged = report.reward_series(run)
+    want = population_sweep.debiased_ema(logged, 0.99)[-1]
+    assert result["smoothed_final_reward"][n] == pytest.approx(want, abs=1e-12)
+  assert result["smallest_sufficient_N"] in (2, 4)
+  assert (tmp_path / "N=2" / "DONE").exists() and (tmp_path / "sweep.png").stat().st_size > 1000
+  with pytest.raises(ValueError, match="population_sweep.sizes"):
+    c2 = ConfigDict(c.to_dict())
+    c2.population_sweep.sizes = "eight"
+    population_sweep.sizes_of(c2)
