@@ -135,10 +135,6 @@ def drift_section(config, workdir: str, runs_dir: str, names: list[str]) -> list
   out = os.path.join(workdir, "drift")
   model, _ = model_io.load_model(config.model, seed=config.seed)
   base = models.params(model)
-  base_norm = float(
-    np.sqrt(sum(float(np.sum(np.square(np.asarray(p, np.float64)))) for p in jax.tree.leaves(base)))
-  )
-  size = sum(int(np.size(p)) for p in jax.tree.leaves(base))
   taus = [float(t) for t in config.sparsity.taus]
   rows, curves = [], {}
   for name in names:
@@ -146,17 +142,12 @@ def drift_section(config, workdir: str, runs_dir: str, names: list[str]) -> list
     delta = jax.tree.map(
       lambda t, b: np.asarray(t, np.float32) - np.asarray(b, np.float32), tuned, base
     )
-    steps = [r for r in read_metrics(os.path.join(runs_dir, name)) if r.get("step", 0) > 0]
-    moved = sum(1 for r in steps if r.get("fitness/std", 0.0) > 0)  # z = 0 steps do not move
-    cfg = config.es
+    walk = sparsity.null_walk(os.path.join(runs_dir, name), base)
     rows.append(
       {
         "run": name,
         "drift": float(metrics.relative_drift(tuned, base)),
-        "predicted_null": metrics.null_drift(
-          float(cfg.learning_rate), size, moved, int(cfg.population_size), base_norm
-        ),
-        "steps_moved": moved,
+        **walk,
         "sparsity": [float(metrics.update_sparsity(delta, t)) for t in taus],
       }
     )

@@ -30,6 +30,7 @@ import numpy as np
 from es_jax import metrics, models, noise
 from es_jax.models.transformer import check_param_shapes
 from experiments import config_check, evaluate, model_io, plots, run_data
+from experiments.logger import read_metrics
 
 
 def checkpoint_dir_of(path: str) -> str:
@@ -58,6 +59,27 @@ def load_tuned(path: str, model_config: models.ModelConfig) -> Any:
     params = model_io.restore_params(checkpoint_dir_of(path))
   check_param_shapes(model_config, params, source=path)
   return params
+
+
+def null_walk(run_dir: str, base: Any) -> dict[str, Any] | None:
+  """The drift an ES run would have had without signal (docs/method.md §7), from its config.json
+  and metrics.jsonl: {"predicted_null", "steps_moved"}; None for a directory that is not an ES
+  run with SGD."""
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    saved = json.load(f)
+  es = saved.get("es") or {}
+  if saved.get("method") != "es" or es.get("optimizer", "sgd") != "sgd":
+    return None
+  rows = [r for r in read_metrics(run_dir) if r.get("step", 0) > 0]
+  moved = sum(1 for r in rows if r.get("fitness/std", 0.0) > 0)  # z = 0 steps do not move
+  leaves = [np.asarray(p, np.float64) for p in jax.tree.leaves(base)]
+  norm = float(np.sqrt(sum(float(np.sum(np.square(p))) for p in leaves)))
+  size = sum(p.size for p in leaves)
+  alpha, n = float(es["learning_rate"]), int(es["population_size"])
+  return {"predicted_null": metrics.null_drift(alpha, size, moved, n, norm), "steps_moved": moved}
 
 
 def _group(path) -> str:
@@ -127,6 +149,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       / sum(np.size(d) for d in jax.tree.leaves(delta))
     ),
     "groups": update_groups(base, tuned, float(cfg.top_fraction)),
+    "null_walk": null_walk(cfg.tuned, base),
     "rows": [{k: v for k, v in r.items() if k != "pass_at_k_curve"} for r in rows],
   }
   os.makedirs(workdir, exist_ok=True)
@@ -158,6 +181,16 @@ def _write_markdown(result: dict[str, Any], path: str, top_fraction: float) -> N
     f"Relative drift ‖Δθ‖/‖θ₀‖ = {result['drift']:.4g}; coordinates changed: "
     f"{result['changed_fraction']:.2%}.",
     "",
+  ]
+  walk = result.get("null_walk")
+  if walk:
+    lines += [
+      f"Drift a z-scored ES walk without signal would have: {walk['predicted_null']:.4g} "
+      f"(α·sqrt(D·T/N)/‖θ₀‖ over the {walk['steps_moved']} steps whose fitness was not "
+      "constant; docs/method.md §7). A measured drift near it says nothing about learning.",
+      "",
+    ]
+  lines += [
     "| model | τ | sparsity s_τ | greedy | Pass@1 |",
     "|---|---|---|---|---|",
   ]

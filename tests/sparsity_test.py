@@ -1,6 +1,7 @@
 """experiments.sparsity on a random tiny model with a hand-made update of known sizes."""
 
 import json
+import math
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +28,11 @@ def setup(tmp_path_factory):
   }
   with Checkpointer(tmp / "run" / "checkpoints", async_save=False) as ckpt:
     ckpt.save(3, state={"params": tuned, "opt_state": {"count": jnp.zeros([], jnp.int32)}})
+  # An ES run's files: the null-walk prediction reads α, N and the steps whose fitness varied.
+  es = {"learning_rate": 1e-3, "population_size": 4, "optimizer": "sgd"}
+  (tmp / "run" / "config.json").write_text(json.dumps({"method": "es", "es": es}))
+  lines = [{"step": s, "fitness/std": v} for s, v in ((0, 1.0), (1, 0.5), (2, 0.0), (3, 0.2))]
+  (tmp / "run" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
   c.sparsity.tuned = str(tmp / "run")
   c.lock()
   result = sparsity.run(c, str(tmp / "out"))
@@ -48,9 +54,15 @@ def test_sparsity_fractions_and_thresholded_evaluations(setup):
   # The largest updates (2e-3) are everywhere but in embed.
   assert result["groups"]["embed"]["top"] == 0.0
   assert sum(g["params"] for g in result["groups"].values()) == pytest.approx(1.0)
+  # Two of the three training steps moved (step 2's fitness was constant).
+  norm = math.sqrt(sum(float(jnp.sum(jnp.square(x))) for x in jax.tree.leaves(base)))
+  want = 1e-3 * math.sqrt(n_all * 2 / 4) / norm
+  assert result["null_walk"]["steps_moved"] == 2
+  assert result["null_walk"]["predicted_null"] == pytest.approx(want, rel=1e-5)
   saved = json.loads((out / "sparsity.json").read_text())
   assert len(saved["rows"]) == 5
   assert "| tau=0.001 |" in (out / "sparsity.md").read_text()
+  assert "without signal would have" in (out / "sparsity.md").read_text()
   assert (out / "sparsity.png").stat().st_size > 1000
 
 
