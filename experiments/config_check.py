@@ -330,10 +330,59 @@ def _cross_checks(config: Any) -> None:
       grpo.mini_batch_size,
       f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
     )
-  if model.source == "random" and not model.preset:
+  _model_checks(model)
+  _size_checks(config)
+
+
+def _model_checks(model: Any) -> None:
+  """Every model field is used by the source, or refused (never silently ignored)."""
+  source = model.source
+  if source == "random" and not model.preset:
     raise fail("model.preset", model.preset, "model.source='random' needs a preset")
-  if model.source in ("hf", "gguf", "orbax") and not model.path:
-    raise fail("model.path", model.path, f"model.source={model.source!r} needs a path")
+  if source in ("hf", "gguf", "orbax") and not model.path:
+    raise fail("model.path", model.path, f"model.source={source!r} needs a path")
+  if source in ("default", "random") and model.path:
+    raise fail(
+      "model.path",
+      model.path,
+      f"model.source={source!r} ignores a path: set model.source=hf, gguf or orbax to load it",
+    )
+  if source != "random" and model.preset:
+    raise fail(
+      "model.preset", model.preset, f"only model.source='random' uses a preset, not {source!r}"
+    )
+  if source != "orbax":
+    for field, unused in (("base_path", ""), ("base_source", "default")):
+      if model.get(field, unused) != unused:
+        raise fail(
+          f"model.{field}",
+          model[field],
+          f"only model.source='orbax' uses it (the architecture of a checkpoint), not {source!r}",
+        )
+
+
+def _size_checks(config: Any) -> None:
+  """Counts that must divide one another or fit (population chunks, Pass@k's k)."""
+  es, ev = config.es, config.get("eval")
+  chunk, pop = int(es.members_per_chunk), int(config.get("mesh", {}).get("pop", 0) or 0)
+  per_call = chunk * max(pop, 1)
+  if es.population_size % per_call:
+    devices = f" x mesh.pop={pop}" if pop > 1 else ""
+    raise fail(
+      "es.population_size",
+      es.population_size,
+      f"must be divisible by es.members_per_chunk={chunk}{devices} = {per_call} (members run in "
+      "chunks of that size): change one of them",
+    )
+  if ev is not None and "ks" in ev and "num_samples" in ev:
+    too_big = [int(k) for k in ev.ks if int(k) > int(ev.num_samples)]
+    if too_big:
+      raise fail(
+        "eval.ks",
+        tuple(ev.ks),
+        f"Pass@k needs k <= eval.num_samples={ev.num_samples}, but k={too_big} is larger: raise "
+        "eval.num_samples or drop those k",
+      )
 
 
 def validate(config: Any) -> Any:

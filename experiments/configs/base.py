@@ -79,7 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     top_p=1.0,
     max_new_tokens=64,
     batch_size=64,
-    ks=(1, 2, 4, 8),
+    ks=(1, 2, 4, 8),  # k of Pass@k and Maj@k, each <= num_samples (periodic: k <= its n only)
     every=0,  # periodic eval every this many steps (0 = only before and after training)
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
     periodic_num_samples=4,
