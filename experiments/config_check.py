@@ -5,7 +5,8 @@ naming the full dotted field, its value and what is allowed, e.g.
 
     config.eval.temperature=nan is invalid: need a finite number >= 0.
 
-Choices come from the registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
+Rules that involve several fields live in `experiments.config_rules`. Choices come from the
+registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
 shaping or reward is accepted without touching this module. `check_workdir(config, workdir)`
 refuses to resume a workdir whose saved config.json names another method. `unknown_key_message`
 turns an unknown `--config.a.b` override into one line with close matches.
@@ -161,8 +162,13 @@ def reward_or_task(*, empty_ok: bool) -> Rule:
       return None
     if isinstance(x, str) and (x.startswith("reasoning_gym/") or x in rewards.TASK_REWARDS):
       return None
+    if isinstance(x, str) and rewards.is_user_reward(x) and x.rpartition(":")[2].isidentifier():
+      return None  # imported (and its signature checked) when the run loads its data
     known = sorted(rewards.TASK_REWARDS)
-    return f"use a reward or task of es_jax.rewards ({known}) or 'reasoning_gym/<task>'"
+    return (
+      f"use a reward or task of es_jax.rewards ({known}), 'reasoning_gym/<task>', or your "
+      "function as 'module:function' or 'path/to/file.py:function'"
+    )
 
   return rule
 
@@ -173,7 +179,9 @@ def task_name(x: Any) -> str | None:
 
   if isinstance(x, str) and (x.startswith("reasoning_gym/") and len(x) > 14 or x in data.TASKS):
     return None
-  return f"use one of {tuple(data.TASKS)} or 'reasoning_gym/<task>'"
+  if x == data.FILE_TASK:
+    return None
+  return f"use one of {tuple(data.TASKS)}, 'reasoning_gym/<task>' or 'file' (your own file)"
 
 
 @functools.cache
@@ -196,6 +204,10 @@ def schema() -> dict[str, Rule]:
     "model.preset": one_of(("", *sorted(models.PRESETS))),
     "model.dtype": one_of(model_io.MODEL_DTYPES),
     "data.task": task_name,
+    "data.path": text(),
+    "data.question_field": text(empty_ok=False),
+    "data.answer_field": text(empty_ok=False),
+    "data.prompt_template": text(),
     "data.split": text(empty_ok=False),
     "data.limit": integer(1, none_ok=True),
     "data.task_config": mapping,
@@ -205,6 +217,7 @@ def schema() -> dict[str, Rule]:
     "data.prompts_per_step": integer(1),
     "data.shuffle": boolean,
     "eval.task": task_name,
+    "eval.path": text(),
     "eval.split": text(empty_ok=False),
     "eval.limit": integer(1),
     "eval.task_config": mapping,
@@ -305,86 +318,6 @@ def _get(config: Any, dotted: str) -> Any:
   return node
 
 
-def _cross_checks(config: Any) -> None:
-  """Rules that involve two fields."""
-  es, grpo, model = config.es, config.grpo, config.model
-  if es.antithetic and es.population_size % 2:
-    raise fail(
-      "es.population_size",
-      es.population_size,
-      "es.antithetic=True pairs members: use an even population size",
-    )
-  if es.precision == "reference":  # the reference code's plain ES step, nothing else
-    for field, ok, need in (
-      ("optimizer", es.optimizer == "sgd", "sgd"),
-      ("rank", int(es.rank) == 0, "0 (full rank)"),
-      ("antithetic", not es.antithetic, "False"),
-      ("shaping", es.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
-    ):
-      if not ok:
-        raise fail(f"es.{field}", es[field], f"es.precision='reference' needs {need}")
-  rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
-  if grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
-    raise fail(
-      "grpo.mini_batch_size",
-      grpo.mini_batch_size,
-      f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
-    )
-  _model_checks(model)
-  _size_checks(config)
-
-
-def _model_checks(model: Any) -> None:
-  """Every model field is used by the source, or refused (never silently ignored)."""
-  source = model.source
-  if source == "random" and not model.preset:
-    raise fail("model.preset", model.preset, "model.source='random' needs a preset")
-  if source in ("hf", "gguf", "orbax") and not model.path:
-    raise fail("model.path", model.path, f"model.source={source!r} needs a path")
-  if source in ("default", "random") and model.path:
-    raise fail(
-      "model.path",
-      model.path,
-      f"model.source={source!r} ignores a path: set model.source=hf, gguf or orbax to load it",
-    )
-  if source != "random" and model.preset:
-    raise fail(
-      "model.preset", model.preset, f"only model.source='random' uses a preset, not {source!r}"
-    )
-  if source != "orbax":
-    for field, unused in (("base_path", ""), ("base_source", "default")):
-      if model.get(field, unused) != unused:
-        raise fail(
-          f"model.{field}",
-          model[field],
-          f"only model.source='orbax' uses it (the architecture of a checkpoint), not {source!r}",
-        )
-
-
-def _size_checks(config: Any) -> None:
-  """Counts that must divide one another or fit (population chunks, Pass@k's k)."""
-  es, ev = config.es, config.get("eval")
-  chunk, pop = int(es.members_per_chunk), int(config.get("mesh", {}).get("pop", 0) or 0)
-  per_call = chunk * max(pop, 1)
-  if es.population_size % per_call:
-    devices = f" x mesh.pop={pop}" if pop > 1 else ""
-    raise fail(
-      "es.population_size",
-      es.population_size,
-      f"must be divisible by es.members_per_chunk={chunk}{devices} = {per_call} (members run in "
-      "chunks of that size): change one of them",
-    )
-  if ev is not None and "ks" in ev and "num_samples" in ev:
-    too_big = [int(k) for k in ev.ks if int(k) > int(ev.num_samples)]
-    if too_big:
-      raise fail(
-        "eval.ks",
-        tuple(ev.ks),
-        f"Pass@k needs k <= eval.num_samples={ev.num_samples}, but k={too_big} is larger: raise "
-        "eval.num_samples or drop those k",
-      )
-
-
 def validate(config: Any) -> Any:
   """Checks every field of `schema()` present in `config`, then the cross-field rules.
 
@@ -405,7 +338,9 @@ def validate(config: Any) -> Any:
     if need is not None:
       raise fail(field, value, need)
   if all(_get(config, s) is not _MISSING for s in ("es", "grpo", "model", "data")):
-    _cross_checks(config)
+    from experiments import config_rules  # it imports this module (fail, ConfigError)
+
+    config_rules.cross_checks(config)
   return config
 
 
