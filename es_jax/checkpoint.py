@@ -452,6 +452,14 @@ class Checkpointer:
     steps = self.all_steps()
     return steps[-1] if steps else None
 
+  def latest_meta(self) -> dict[str, Any] | None:
+    """The `meta` dict of the newest committed step (its JSON alone, no array read), or None."""
+    step = self.latest_step()
+    if step is None:
+      return None
+    info = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(info.meta)
+
   def _restore_step(self, step: int, abstract_state: Any, key_sharding: Any) -> Restored:
     path = self._step_path(step)
     if not (path / _COMMIT_MARKER).exists():

@@ -5,7 +5,8 @@ naming the full dotted field, its value and what is allowed, e.g.
 
     config.eval.temperature=nan is invalid: need a finite number >= 0.
 
-Choices come from the registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
+Rules that involve several fields live in `experiments.config_rules`. Choices come from the
+registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
 shaping or reward is accepted without touching this module. `check_workdir(config, workdir)`
 refuses to resume a workdir whose saved config.json names another method. `unknown_key_message`
 turns an unknown `--config.a.b` override into one line with close matches.
@@ -161,8 +162,13 @@ def reward_or_task(*, empty_ok: bool) -> Rule:
       return None
     if isinstance(x, str) and (x.startswith("reasoning_gym/") or x in rewards.TASK_REWARDS):
       return None
+    if isinstance(x, str) and rewards.is_user_reward(x) and x.rpartition(":")[2].isidentifier():
+      return None  # imported (and its signature checked) when the run loads its data
     known = sorted(rewards.TASK_REWARDS)
-    return f"use a reward or task of es_jax.rewards ({known}) or 'reasoning_gym/<task>'"
+    return (
+      f"use a reward or task of es_jax.rewards ({known}), 'reasoning_gym/<task>', or your "
+      "function as 'module:function' or 'path/to/file.py:function'"
+    )
 
   return rule
 
@@ -173,7 +179,9 @@ def task_name(x: Any) -> str | None:
 
   if isinstance(x, str) and (x.startswith("reasoning_gym/") and len(x) > 14 or x in data.TASKS):
     return None
-  return f"use one of {tuple(data.TASKS)} or 'reasoning_gym/<task>'"
+  if x == data.FILE_TASK:
+    return None
+  return f"use one of {tuple(data.TASKS)}, 'reasoning_gym/<task>' or 'file' (your own file)"
 
 
 @functools.cache
@@ -196,6 +204,10 @@ def schema() -> dict[str, Rule]:
     "model.preset": one_of(("", *sorted(models.PRESETS))),
     "model.dtype": one_of(model_io.MODEL_DTYPES),
     "data.task": task_name,
+    "data.path": text(),
+    "data.question_field": text(empty_ok=False),
+    "data.answer_field": text(empty_ok=False),
+    "data.prompt_template": text(),
     "data.split": text(empty_ok=False),
     "data.limit": integer(1, none_ok=True),
     "data.task_config": mapping,
@@ -205,6 +217,7 @@ def schema() -> dict[str, Rule]:
     "data.prompts_per_step": integer(1),
     "data.shuffle": boolean,
     "eval.task": task_name,
+    "eval.path": text(),
     "eval.split": text(empty_ok=False),
     "eval.limit": integer(1),
     "eval.task_config": mapping,
@@ -313,39 +326,6 @@ def _get(config: Any, dotted: str) -> Any:
   return node
 
 
-def _cross_checks(config: Any) -> None:
-  """Rules that involve two fields."""
-  from es_jax import reference_arithmetic
-
-  es, grpo, model = config.es, config.grpo, config.model
-  if es.antithetic and es.population_size % 2:
-    raise fail(
-      "es.population_size",
-      es.population_size,
-      "es.antithetic=True pairs members: use an even population size",
-    )
-  if es.precision in reference_arithmetic.MODES:  # those codes' plain ES step, nothing else
-    for field, ok, need in (
-      ("optimizer", es.optimizer == "sgd", "sgd"),
-      ("rank", int(es.rank) == 0, "0 (full rank)"),
-      ("antithetic", not es.antithetic, "False"),
-      ("shaping", es.shaping in ("zscore", "centered_rank"), "'zscore' or 'centered_rank'"),
-    ):
-      if not ok:
-        raise fail(f"es.{field}", es[field], f"es.precision={es.precision!r} needs {need}")
-  rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
-  if grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
-    raise fail(
-      "grpo.mini_batch_size",
-      grpo.mini_batch_size,
-      f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
-    )
-  if model.source == "random" and not model.preset:
-    raise fail("model.preset", model.preset, "model.source='random' needs a preset")
-  if model.source in ("hf", "gguf", "orbax") and not model.path:
-    raise fail("model.path", model.path, f"model.source={model.source!r} needs a path")
-
-
 def validate(config: Any) -> Any:
   """Checks every field of `schema()` present in `config`, then the cross-field rules.
 
@@ -366,7 +346,9 @@ def validate(config: Any) -> Any:
     if need is not None:
       raise fail(field, value, need)
   if all(_get(config, s) is not _MISSING for s in ("es", "grpo", "model", "data")):
-    _cross_checks(config)
+    from experiments import config_rules  # it imports this module (fail, ConfigError)
+
+    config_rules.cross_checks(config)
   return config
 
 

@@ -331,9 +331,9 @@ class Evaluator:
       positive_int(ev[name], f"eval.{name}")
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
-    self.examples = run_data.load_examples(ev, "eval")
-    self.task = ev.task
-    self.label = task_label(ev.task)
+    section, self.task, self.label = eval_section(config)
+    options = run_data.file_options(config.data)
+    self.examples = run_data.load_examples(section, "eval", options=options)
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
     self.extra = extra_eval_tasks(ev, taken={self.label})
@@ -401,6 +401,20 @@ class Evaluator:
       should_stop=should_stop,
       **self._kwargs(n),
     )
+
+
+def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:
+  """(config.eval as a dict, the name that scores it, its label). Task "file" reads eval.path,
+  else data.path (the training file: logged as a warning), and scores with data.reward."""
+  ev = config.eval
+  section = {k: ev[k] for k in ev.keys()}
+  if ev.task != data.FILE_TASK:
+    return section, ev.task, task_label(ev.task)
+  if not section.get("path"):
+    section["path"] = config.data.path
+    log.warning("eval.path is empty: evaluating on the training file %s", config.data.path)
+  stem = os.path.splitext(os.path.basename(section["path"]))[0]
+  return section, config.data.reward, task_label(f"file_{stem}")
 
 
 def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

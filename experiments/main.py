@@ -91,16 +91,31 @@ def _load_config_file(spec: str):
   return module.get_config(variant) if variant else module.get_config()
 
 
-def _unknown_override(argv: list[str], missing: str) -> str:
-  """One line for an override naming a key the config lacks (`missing`: the failing leaf)."""
-  from experiments import config_check
-
+def _config_spec(argv: list[str]) -> str | None:
+  """The `--config` flag's value (path[:variant]), or None."""
   spec = None
   for i, a in enumerate(argv):
     if a.startswith("--config="):
       spec = a.split("=", 1)[1]
     elif a == "--config" and i + 1 < len(argv):
       spec = argv[i + 1]
+  return spec
+
+
+def _broken_config_file(argv: list[str], e: BaseException) -> str:
+  """One line for a config file that cannot be executed (not Python, an error at import)."""
+  path = (_config_spec(argv) or "").partition(":")[0]
+  if isinstance(e, SyntaxError):
+    where = f"{e.filename or path}, line {e.lineno}"
+    return f"--config {where}: {e.msg}; a config is a Python file defining get_config()."
+  return f"--config {path}: loading it raised {type(e).__name__}: {e}"
+
+
+def _unknown_override(argv: list[str], missing: str) -> str:
+  """One line for an override naming a key the config lacks (`missing`: the failing leaf)."""
+  from experiments import config_check
+
+  spec = _config_spec(argv)
   overrides = [a[len("--config.") :].split("=", 1)[0] for a in argv if a.startswith("--config.")]
   try:
     config = _load_config_file(spec)
@@ -121,6 +136,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   except (KeyError, AttributeError) as e:  # ml_collections: an override of a missing key
     if show_tracebacks(argv):
       raise
+    if isinstance(e, AttributeError) and "get_config" in str(e):
+      path = (_config_spec(argv) or "").partition(":")[0]
+      user_error(f"--config {path}: the file defines no get_config() returning the config.")
     leaf = e.args[0] if e.args else ""
     leaf = leaf.args[0] if isinstance(leaf, BaseException) and leaf.args else leaf
     name = re.match(r"\W*(\w*)", str(leaf)).group(1)  # "'leaf' Did you mean ..." -> leaf
@@ -139,6 +157,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     if show_tracebacks(argv):
       raise
     user_error(str(e.__cause__ or e))
+  except Exception as e:  # noqa: BLE001 - executing the config file failed (SyntaxError, ...)
+    if show_tracebacks(argv):
+      raise
+    user_error(_broken_config_file(argv, e))
   return []
 
 

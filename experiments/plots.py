@@ -17,6 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 Series = tuple[Sequence[float], Sequence[float]]
+# Line styles cycled with the colours, so that runs whose curves coincide (a sequential run's
+# first stage repeats the single-method run) stay findable; ":" is kept for stage boundaries.
+LINESTYLES = ("-", "--", "-.", (0, (8, 2, 2, 2, 2, 2)))
 
 
 def _checked(series: Mapping[str, Series], name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -95,11 +98,15 @@ def metric_figure(
   title: str | None = None,
   smoothing: int = 1,
   boundaries: Mapping[str, Sequence[float]] | None = None,
+  ema: float | None = None,
+  note: str | None = None,
 ) -> Figure:
   """The figure of `plot_metric_over_steps` (arguments the same, less the path).
 
   The x axis has integer ticks (steps, samples) and the y axis plain values, no offset (an
-  offset makes noise of 1e-3 read as swings).
+  offset makes noise of 1e-3 read as swings). Each series has its own colour and line style,
+  and the first series is drawn widest, each later one narrower on top of it, so that
+  coinciding curves stay visible.
 
   Args:
     series: label → (steps, values). NaN values leave gaps.
@@ -108,7 +115,11 @@ def metric_figure(
     title: figure title.
     smoothing: window of a trailing moving average drawn over the raw values (1: none).
     boundaries: label → x positions of stage boundaries (a sequential run's switch from one
-      method to the next), drawn as dotted vertical lines in that series' colour.
+      method to the next), drawn as dotted vertical lines in that series' colour, in the legend
+      as "<label>: stage switch".
+    ema: in [0, 1): draw the debiased exponential moving average with this decay (`ema`)
+      over the raw values, which are drawn faint; None: no EMA.
+    note: a line of text under the axes (e.g. what makes two curves incomparable).
 
   Returns:
     The matplotlib Figure (not yet drawn).
@@ -116,27 +127,48 @@ def metric_figure(
   series = _checked(series, "plot_metric_over_steps")
   if smoothing < 1:
     raise ValueError(f"plot_metric_over_steps: smoothing must be >= 1, got {smoothing}.")
+  if ema is not None and not 0.0 <= ema < 1.0:
+    raise ValueError(f"plot_metric_over_steps: ema must be in [0, 1), got {ema}.")
   unknown = sorted(set(boundaries or {}) - set(series))
   if unknown:
     raise ValueError(f"plot_metric_over_steps: boundaries for {unknown}, which have no series.")
-  fig = Figure(figsize=(6.0, 4.0))
+  fig = Figure(figsize=(6.4, 4.4 if note else 4.0))
   ax = fig.add_subplot()
-  for label, (step, value) in series.items():
-    if smoothing == 1:
-      (line,) = ax.plot(step, value, label=label)
+  count = len(series)
+  # Each run's boundary lines span their own band of the height: runs switching at the same
+  # step stay distinguishable.
+  marked = [label for label in series if (boundaries or {}).get(label)]
+  for i, (label, (step, value)) in enumerate(series.items()):
+    style = dict(
+      linestyle=LINESTYLES[i % len(LINESTYLES)],
+      linewidth=1.3 + 1.7 * (count - 1 - i) / max(count - 1, 1),
+    )
+    if smoothing > 1:
+      value_shown = moving_average(value, smoothing)
+    elif ema is not None:
+      value_shown = debiased_ema(value, ema)
     else:
-      (line,) = ax.plot(step, value, alpha=0.3)
-      ax.plot(step, moving_average(value, smoothing), color=line.get_color(), label=label)
-    for x in (boundaries or {}).get(label, ()):
-      ax.axvline(x, color=line.get_color(), linestyle=":", linewidth=1.2)
+      value_shown = None
+    if value_shown is None:
+      (line,) = ax.plot(step, value, label=label, **style)
+    else:
+      (line,) = ax.plot(step, value, alpha=0.25, linewidth=0.9)
+      ax.plot(step, value_shown, color=line.get_color(), label=label, **style)
+    for j, x in enumerate((boundaries or {}).get(label, ())):
+      band = marked.index(label) / len(marked), (marked.index(label) + 1) / len(marked)
+      switch = f"{label}: stage switch" if j == 0 else None
+      ax.axvline(x, *band, color=line.get_color(), linestyle=":", linewidth=1.6, label=switch)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.ticklabel_format(axis="y", useOffset=False)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, alpha=0.3)
-  ax.legend()
+  ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside: no overlap
   if title:
     ax.set_title(title)
+  if note:
+    fig.text(0.01, 0.005, note, fontsize="small", ha="left", va="bottom", wrap=True)
+    fig.subplots_adjust(bottom=0.2)
   return fig
 
 
@@ -149,13 +181,38 @@ def plot_metric_over_steps(
   title: str | None = None,
   smoothing: int = 1,
   boundaries: Mapping[str, Sequence[float]] | None = None,
+  ema: float | None = None,
+  note: str | None = None,
 ) -> str:
   """A metric over training steps (reward, entropy, drift...), one line per run, as a PNG at
   `path` (see `metric_figure` for the arguments); returns the path written."""
   fig = metric_figure(
-    series, ylabel=ylabel, xlabel=xlabel, title=title, smoothing=smoothing, boundaries=boundaries
+    series,
+    ylabel=ylabel,
+    xlabel=xlabel,
+    title=title,
+    smoothing=smoothing,
+    boundaries=boundaries,
+    ema=ema,
+    note=note,
   )
   return _save(fig, path)
+
+
+def debiased_ema(values: Sequence[float], decay: float) -> np.ndarray:
+  """Exponential moving average m_t = decay·m_{t-1} + (1 - decay)·x_t, divided by the weight
+  1 - decay^t of the values seen (so the start is not pulled towards 0); NaNs are skipped
+  (the average carries over them) and stay NaN until a first finite value."""
+  values = np.asarray(values, np.float64)
+  out = np.full(values.shape, np.nan)
+  mean = weight = 0.0
+  for t, x in enumerate(values):
+    if np.isfinite(x):
+      mean = decay * mean + (1.0 - decay) * x
+      weight = decay * weight + (1.0 - decay)
+    if weight > 0:
+      out[t] = mean / weight
+  return out
 
 
 def moving_average(values: Sequence[float], window: int) -> np.ndarray:

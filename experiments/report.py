@@ -391,14 +391,50 @@ def stage_boundaries(run: Run) -> list[float]:
   ]
 
 
+# Training reward curves: debiased EMA with this decay over the faint raw per-step values.
+REWARD_EMA = 0.6
+ENTROPY_NOTE = (
+  "T: the rollouts' sampling temperature (ES fitness is often greedy, T=0; GRPO samples at T=1); "
+  "entropies at different T are not comparable."
+)
+
+
+def rollout_temperatures(run: Run) -> str | None:
+  """The sampling temperature of a run's training rollouts: "T=0", "GRPO T=1 → ES T=0" for a
+  sequential run, None when its config does not say."""
+  c = run.config or {}
+
+  def temp(method: str) -> str:
+    t = (c.get(method) or {}).get("temperature")
+    return "?" if t is None else f"{float(t):g}"
+
+  method = c.get("method")
+  if method in ("es", "grpo"):
+    return f"T={temp(method)}"
+  if method != "sequential":
+    return None
+  if run.stage:  # "1_grpo"
+    return f"T={temp(run.stage.split('_', 1)[1])}"
+  order = str((c.get("sequential") or {}).get("order", "")).split("_")
+  return " → ".join(f"{METHOD_LABELS.get(m, m)} T={temp(m)}" for m in order)
+
+
 def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list[str]]:
-  """reward.png (training reward over steps, stage boundaries dotted), reward_samples.png (over
-  completions generated: equal compute for ES and GRPO) and entropy.png (rollout token entropy)
-  in `out`, one line per run; returns ({name: path}, notes on what no run logged)."""
+  """reward.png (training reward over steps: debiased EMA over the faint raw values, stage
+  boundaries dotted), reward_samples.png (over completions generated: equal compute for ES and
+  GRPO) and entropy.png (rollout token entropy, each curve labelled with its sampling
+  temperature) in `out`, one line per run; returns ({name: path}, notes on what no run
+  logged)."""
   figures: dict[str, str] = {}
   notes: list[str] = []
   for name, get, ylabel, xlabel, what in (
-    ("reward", reward_series, "mean training reward", "step", "training reward (train/reward)"),
+    (
+      "reward",
+      reward_series,
+      "mean training reward",
+      "step",
+      "training reward (train/reward), EMA",
+    ),
     (
       "reward_samples",
       lambda run: reward_series(run, "train/samples"),
@@ -414,13 +450,20 @@ def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list
       "token entropy of the training rollouts",
     ),
   ):
-    curves = {run.name: s for run in runs if (s := get(run)) is not None}
+    entropy = name == "entropy"
+    labels = {
+      run.name: f"{run.name} ({t})" if entropy and (t := rollout_temperatures(run)) else run.name
+      for run in runs
+    }
+    curves = {labels[run.name]: s for run in runs if (s := get(run)) is not None}
     if not curves:
       notes.append(f"{what}: n/a (no run logged it).")
       continue
     marks = {}
     if xlabel == "step":
-      marks = {r.name: b for r in runs if r.name in curves and (b := stage_boundaries(r))}
+      marks = {
+        labels[r.name]: b for r in runs if labels[r.name] in curves and (b := stage_boundaries(r))
+      }
     figures[name] = plots.plot_metric_over_steps(
       curves,
       os.path.join(out, f"{name}.png"),
@@ -428,6 +471,8 @@ def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list
       xlabel=xlabel,
       title=what,
       boundaries=marks,
+      ema=None if entropy else REWARD_EMA,
+      note=ENTROPY_NOTE if entropy else None,
     )
   return figures, notes
 

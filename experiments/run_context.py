@@ -93,6 +93,15 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   config_check.validate(config)
   config_check.check_workdir(config, workdir)
   mesh = make_mesh(config)
+  if config.method in ("es", "sequential"):  # before loading: members run in chunks per device
+    pop, chunk = int(mesh.shape["pop"]), int(config.es.members_per_chunk)
+    check(
+      config.es.population_size % (pop * chunk) == 0,
+      "es.population_size",
+      config.es.population_size,
+      f"must be divisible by the mesh's pop axis ({pop} devices, config.mesh.pop) x "
+      f"es.members_per_chunk={chunk} = {pop * chunk}: change one of them",
+    )
   t0 = time.perf_counter()
   with config_check.user_errors("config.model"):
     model, tokenizer = model_io.load_model(config.model, seed=config.seed)
@@ -107,7 +116,7 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     format_seconds(time.perf_counter() - t0),
   )
   keys = run_data.run_keys(config.seed)
-  examples = run_data.load_examples(config.data, "data")
+  examples = run_data.load_examples(config.data, "data", options=run_data.file_options(config.data))
   with config_check.user_errors("config.data.reward"):
     reward = rewards.get_reward(run_data.reward_name(config.data))
   evaluator = evaluate.Evaluator(config, tokenizer, keys)

@@ -51,12 +51,37 @@ def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
   )
 
 
-def load_examples(section: Mapping[str, Any], field: str, *, limit: int | None = None):
-  """The examples of config.data or config.eval (`field` names the section in errors)."""
+def file_options(data_section: Mapping[str, Any]) -> dict[str, Any]:
+  """The question/answer file settings of config.data, for `load_examples` of task "file"
+  (config.eval's file task reads them too)."""
+  return dict(
+    question_field=data_section.get("question_field") or "question",
+    answer_field=data_section.get("answer_field") or "answer",
+    prompt_template=data_section.get("prompt_template") or "",
+    reward=data_section.get("reward") or "",
+  )
+
+
+def load_examples(
+  section: Mapping[str, Any],
+  field: str,
+  *,
+  limit: int | None = None,
+  options: Mapping[str, Any] | None = None,
+):
+  """The examples of config.data or config.eval (`field` names the section in errors); task
+  "file" reads `section["path"]` with `options` (`file_options`)."""
+  limit = section.get("limit") if limit is None else limit
+  if section.get("task") == data.FILE_TASK:
+    path = section.get("path") or ""
+    check(bool(path), f"{field}.path", path, "task 'file' needs your question/answer file")
+    with config_check.user_errors(f"config.{field}.path"):
+      return data.load_file_task(
+        path, limit=limit, on_bad_row=section.get("on_bad_row") or "raise", **(options or {})
+      )
   kwargs = _task_kwargs(section, field)
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
-  limit = section.get("limit") if limit is None else limit
   with config_check.user_errors(f"config.{field}"):
     examples = data.load_task(split=split, limit=limit, **kwargs)
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")

@@ -128,7 +128,7 @@ class Loop:
       async_save=bool(cfg.async_save),
     )
     self.run_key = jax.random.key(int(ctx.config.seed))
-    restored = self.ckpt.restore_or_none(abstract_state=state)
+    restored = self._restore(ctx.workdir, state)
     if (
       restored is not None
       and restored.key is not None
@@ -192,6 +192,36 @@ class Loop:
         f" (resumed from step {self.start})" if self.start else "",
       )
     self._t = time.perf_counter()
+
+  def _restore(self, workdir: str, state: Any):
+    """The newest checkpoint as this stage's state, None if none; a checkpoint of another
+    method's state (its config.json gone, so `config_check.check_workdir` could not tell) is a
+    ConfigError naming the workdir and the method that wrote it."""
+    mine = self.stage.label or self.stage.name
+    try:
+      written = (self.ckpt.latest_meta() or {}).get("stage")
+    except Exception:  # noqa: BLE001 - an unreadable newest step: restore() reports and skips it
+      written = None
+    if written is not None and written != mine:
+      self._abort()
+      raise ConfigError(
+        f"{workdir} holds checkpoints of a method={written!r} run ({self.stage.ckpt_dir}) but "
+        f"this is a {mine!r} stage: resume with --config.method={written}, or use a new workdir."
+      )
+    try:
+      return self.ckpt.restore_or_none(abstract_state=state)
+    except RuntimeError as e:
+      self._abort()
+      raise ConfigError(
+        f"{workdir}: no checkpoint in {self.stage.ckpt_dir} could be restored as a {mine!r} "
+        "state (damaged, or written with another config); move it away to start fresh."
+      ) from e
+
+  def _abort(self) -> None:
+    """Releases what __init__ took (checkpointer, own SIGTERM handler) before it raises."""
+    self.ckpt.close()
+    if self._own_handler:
+      self.preempt.uninstall()
 
   def log(self, step: int, values: Mapping[str, Any]) -> None:
     self.logger.log(self.stage.offset + step, values, stage=self.stage.label)

@@ -81,6 +81,8 @@ def test_cross_field_rules():
     (dict(es__precision="bf16_tensor_noise", es__optimizer="adam"), "config.es.optimizer='adam'"),
     (dict(grpo__mini_batch_size=3), "config.grpo.mini_batch_size=3"),
     (dict(model__source="hf", model__path=""), "config.model.path=''"),
+    (dict(es__population_size=6, es__members_per_chunk=4), "config.es.population_size=6"),
+    (dict(eval__ks=(1, 64)), r"config.eval.ks=\(1, 64\) .* k=\[64\] is larger"),
   ):
     with pytest.raises(config_check.ConfigError, match=name):
       config_check.validate(_with(smoke, **fields))
@@ -92,6 +94,37 @@ def test_hash_fallback_is_an_opt_in_reward_name():
   config = _with(easy, data__reward="gsm8k_hash")
   assert config_check.validate(config) is config
   assert "gsm8k_hash" in config_check.field_docs()["data.reward"]
+
+
+@pytest.mark.parametrize(
+  "config",
+  [demo_config.get_config(), coverage_study.get_config("coverage")],
+  ids=["demo", "coverage_study"],
+)
+def test_model_overrides_are_honoured_or_refused(config):
+  """The bundled model (source "default") takes no path, preset or base: refused in one line."""
+  assert config.model.source == "default"
+  for fields, expected in (
+    (dict(model__path="/models/mine"), "set model.source=hf, gguf or orbax"),
+    (dict(model__preset="tiny-llama"), "only model.source='random' uses a preset"),
+    (dict(model__base_path="/models/base"), "only model.source='orbax' uses it"),
+  ):
+    with pytest.raises(config_check.ConfigError) as e:
+      config_check.validate(_with(config, **fields))
+    field = next(iter(fields)).replace("__", ".")
+    assert str(e.value).startswith(f"config.{field}=") and expected in str(e.value)
+  hf = _with(config, model__source="hf", model__path="/models/mine")
+  assert config_check.validate(hf).model.path == "/models/mine"  # honoured: loaded from there
+
+
+def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
+  from experiments import evaluate
+
+  config = demo_config.get_config()  # ks (1, 2, 4, 8), periodic n = 4
+  evaluator = object.__new__(evaluate.Evaluator)
+  evaluator.config, evaluator.key = config.eval, None
+  assert evaluator._kwargs(4)["ks"] == (1, 2, 4)
+  assert evaluator._kwargs(8)["ks"] == (1, 2, 4, 8)
 
 
 def test_make_context_validates_before_loading(monkeypatch):
@@ -159,6 +192,8 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
     ((smoke, "--config.es.populaton_size=8"), "error: config.es.populaton_size is not a config"),
     ((smoke, "--config.eval.temperature=nan"), "error: config.eval.temperature=nan is invalid"),
     (("--config=experiments/configs/nope.py",), "error: --config:"),
+    (("--config=/etc/passwd",), "error: --config /etc/passwd, line 1: invalid syntax"),
+    (("--config=experiments/configs/__init__.py",), "error: --config experiments/configs/__init"),
   ):
     out = _cli(*args)
     lines = out.stderr.strip().splitlines()
@@ -217,3 +252,44 @@ def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
   assert summary["eval_problems"] == hard.eval.limit and not workdir.exists()
   with pytest.raises(config_check.ConfigError, match="config.data"):  # training still needs it
     main.dry_run(_with(evaluate_only, method="es"), str(workdir))
+
+
+def test_population_not_divisible_over_all_devices_is_refused_before_loading(monkeypatch):
+  def no_loading(*args, **kwargs):
+    raise AssertionError("the model was loaded before the population was checked")
+
+  monkeypatch.setattr(model_io, "load_model", no_loading)
+  # mesh.pop=0: every device (8 fake CPU devices in tests) takes members; 4 x 1 cannot be split.
+  config = _with(demo_config.get_config("smoke"), method="es", mesh__pop=0, es__members_per_chunk=1)
+  with pytest.raises(
+    config_check.ConfigError, match=r"config\.es\.population_size=4 .*\(8 devices"
+  ):
+    run_context.make_context(config, "/nonexistent/workdir")
+
+
+def test_resuming_another_methods_checkpoints_without_config_json_is_one_line(tmp_path):
+  """config.json gone: the checkpoint's own meta names the method that wrote it."""
+  import types
+
+  import jax.numpy as jnp
+
+  from es_jax.checkpoint import Checkpointer
+  from experiments import train_loop
+
+  ckpt_dir = tmp_path / "checkpoints"
+  es_state = {"params": {"w": jnp.ones((2,))}, "opt_state": {"mu": jnp.zeros((2,))}}
+  with Checkpointer(ckpt_dir, async_save=False) as ckpt:
+    ckpt.save(1, state=es_state, meta={"stage": "es"}, force=True)
+  assert not (tmp_path / "config.json").exists()
+  config = _with(demo_config.get_config("smoke"), method="grpo")
+  config_check.check_workdir(config, str(tmp_path))  # nothing to read there
+  ctx = types.SimpleNamespace(config=config, workdir=str(tmp_path))
+  grpo_state = {"params": {"w": jnp.ones((2,))}, "opt_state": [jnp.zeros((2,))], "step": 0}
+  stage = train_loop.Stage("grpo", 3, str(ckpt_dir))
+  with pytest.raises(config_check.ConfigError) as e:
+    train_loop.Loop(ctx, stage, grpo_state)
+  message = str(e.value)
+  assert (
+    message.startswith(f"{tmp_path} holds checkpoints of a method='es' run") and "\n" not in message
+  )
+  assert "--config.method=es" in message

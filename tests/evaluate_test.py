@@ -227,7 +227,7 @@ def test_run_from_config_on_reasoning_gym(tiny, tmp_path):
     eval__num_samples=2,
     eval__max_new_tokens=NEW_TOKENS,
     eval__batch_size=BATCH,
-    eval__ks=(1, 2, 32),
+    eval__ks=(1, 2),  # k <= num_samples (config_check refuses k = 32 here)
   )
   results = evaluate.run(config, str(tmp_path / "work"))
   assert results["stopped"] is False
@@ -305,3 +305,29 @@ def test_metric_plot_ticks_are_whole_steps_values_plain_and_stages_marked():
   assert ax.yaxis.get_major_formatter().get_offset() == ""
   dotted = [ln for ln in ax.get_lines() if ln.get_linestyle() == ":"]
   assert len(dotted) == 1 and list(dotted[0].get_xdata()) == [1.5, 1.5]
+  legend = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert legend == ["GRPO→ES", "GRPO→ES: stage switch"]  # the boundary is in the legend
+
+
+def test_reward_plot_smooths_with_a_debiased_ema_and_keeps_every_line_findable():
+  """Raw values faint under a debiased EMA; coinciding curves differ in style and width."""
+  np.testing.assert_allclose(plots.debiased_ema([2.0, 2.0, 2.0], 0.9), [2.0, 2.0, 2.0])
+  # m_2 = (0.5·0.5·1 + 0.5·3) / (1 - 0.25) with m_1 = 1: the first value is not pulled to 0.
+  np.testing.assert_allclose(plots.debiased_ema([1.0, np.nan, 3.0], 0.5), [1.0, 1.0, 7 / 3])
+  assert np.isnan(plots.debiased_ema([np.nan, 1.0], 0.5)[0])
+  steps = [1, 2, 3, 4]
+  same = [0.0, 1.0, 0.0, 1.0]
+  fig = plots.metric_figure(
+    {"ES": (steps, same), "GRPO": (steps, same), "ES→GRPO": (steps, same)}, ylabel="r", ema=0.6
+  )
+  (ax,) = fig.axes
+  shown = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+  assert set(shown) == {"ES", "GRPO", "ES→GRPO"}
+  styles = {(str(ln.get_linestyle()), ln.get_linewidth()) for ln in shown.values()}
+  assert len(styles) == 3  # none hides another
+  np.testing.assert_allclose(shown["GRPO"].get_ydata(), plots.debiased_ema(same, 0.6))
+  faint = [ln for ln in ax.get_lines() if ln.get_label().startswith("_")]
+  assert len(faint) == 3 and all(ln.get_alpha() < 0.5 for ln in faint)
+  assert list(faint[0].get_ydata()) == same  # the raw values, faint
+  with pytest.raises(ValueError, match="ema must be in"):
+    plots.metric_figure({"ES": (steps, same)}, ylabel="r", ema=1.0)

@@ -354,6 +354,47 @@ def test_load_hf_refuses_nonfinite_bad_dtype_and_truncated_files(hf_checkpoint, 
     load_hf(tmp_path / "cut", tokenizer=False)
 
 
+def test_load_hf_names_a_config_that_is_not_json(hf_checkpoint, tmp_path):
+  _, _, path = hf_checkpoint
+  _copy_checkpoint(path, tmp_path / "j")
+  (tmp_path / "j" / "config.json").write_text('{"model_type": "llama",\n  oops}')
+  with pytest.raises(ValueError) as e:
+    load_hf(tmp_path / "j", tokenizer=False)
+  message = str(e.value)
+  assert message.startswith(f"{tmp_path / 'j' / 'config.json'}: not valid JSON (line 2")
+  assert "\n" not in message
+
+
+def test_load_hf_refuses_an_extra_tensor_but_accepts_a_tied_head_copy(hf_checkpoint, tmp_path):
+  from safetensors.numpy import load_file, save_file
+
+  arch, _, path = hf_checkpoint
+
+  def with_tensors(dst, add):
+    f = _copy_checkpoint(path, tmp_path / dst)
+    weights = load_file(str(f))
+    weights.update(add(weights))
+    save_file(weights, str(f), metadata={"format": "pt"})
+    return f
+
+  extra = "model.layers.0.self_attn.extra_proj.weight"
+  f = with_tensors("extra", lambda w: {extra: np.ones((4, 4), np.float32)})
+  with pytest.raises(ValueError, match=f"{f}: tensor '{extra}' is not used by this {arch}"):
+    load_hf(tmp_path / "extra", tokenizer=False)
+  inv_freq = "model.layers.0.self_attn.rotary_emb.inv_freq"  # a derived buffer: ignored
+  with_tensors("inv", lambda w: {inv_freq: np.ones((8,), np.float32)})
+  load_hf(tmp_path / "inv", tokenizer=False)
+  if arch == "qwen2":  # tied embeddings: a saved copy of the tie loads, a different head does not
+    embed = "model.embed_tokens.weight"
+    with_tensors("tied", lambda w: {"lm_head.weight": w[embed].copy()})
+    reference, _ = load_hf(path, tokenizer=False)
+    model, _ = load_hf(tmp_path / "tied", tokenizer=False)
+    assert np.array_equal(params(model)["embed"], params(reference)["embed"])
+    with_tensors("untied", lambda w: {"lm_head.weight": w[embed] + 1.0})
+    with pytest.raises(ValueError, match="'lm_head.weight' differs from model.embed_tokens"):
+      load_hf(tmp_path / "untied", tokenizer=False)
+
+
 def test_load_gguf_refuses_truncated_files_and_nonfinite_weights(llama_ref, tmp_path):
   path = tmp_path / "tiny.gguf"
   write_tiny_gguf(path, llama_ref, tiny_tokenizer())

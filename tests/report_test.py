@@ -263,6 +263,21 @@ def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(
   assert os.path.getsize(figures["reward_samples"]) > 1000
 
 
+def test_entropy_curves_name_each_runs_rollout_temperature():
+  """ES fitness (often greedy, T=0) and GRPO rollouts (T=1) differ: each curve says its T."""
+  cfg = {"es": {"temperature": 0.0}, "grpo": {"temperature": 1.0}}
+  es_run = report.Run("ES", "es", config={"method": "es", **cfg})
+  seq = report.Run(
+    "GRPO→ES", "s", config={"method": "sequential", "sequential": {"order": "grpo_es"}, **cfg}
+  )
+  stage = report.Run("GRPO→ES 1_grpo", "s/stage1_grpo", config=seq.config, stage="1_grpo")
+  assert report.rollout_temperatures(es_run) == "T=0"
+  assert report.rollout_temperatures(seq) == "GRPO T=1 → ES T=0"
+  assert report.rollout_temperatures(stage) == "T=1"
+  assert report.rollout_temperatures(report.Run("x", "x")) is None
+  assert "not comparable" in report.ENTROPY_NOTE
+
+
 def test_names_by_directory_and_a_diversity_study_in_its_own_workdir(runs, tmp_path):
   """dir=label names cannot follow the wrong order; a method=diversity workdir is not a row but
   the JS_succ of the run its diversity.run names."""

@@ -1,10 +1,12 @@
 """Tasks for training and evaluation: `load_task(name, split)` and prompt formatting.
 
-Two kinds of task:
+Three kinds of task:
   - datasets read from the original files the user downloaded once (gsm8k, deepscaler, math500,
     aime24, aime25, amc23, countdown, csqa, gpqa, hotpotqa, mbpp), prepared by TFDS builders into
     array_record files and read with `as_data_source` (no TensorFlow; see `builders`);
-  - "reasoning_gym/<task>" problems generated offline by reasoning-gym (see `gym`).
+  - "reasoning_gym/<task>" problems generated offline by reasoning-gym (see `gym`);
+  - "file": your own question/answer file (JSONL, JSON, CSV, Parquet), `load_file_task` (see
+    `files`).
 
 Every example is a dict with at least "id", "task", "prompt" (the problem as shown to the model,
 before chat formatting; lettered options included for multiple choice) and "answer" (the gold
@@ -21,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from es_jax.data import formats, gym
+from es_jax.data.files import FILE_TASK, load_file_task
 from es_jax.data.prompts import (
   INSTRUCTIONS,
   PLAIN_SYSTEM_PROMPT,
@@ -31,6 +34,7 @@ from es_jax.data.prompts import (
 from es_jax.data.readers import BadRowError, FieldError
 
 __all__ = [
+  "FILE_TASK",
   "INSTRUCTIONS",
   "PLAIN_SYSTEM_PROMPT",
   "SYSTEM_PROMPT",
@@ -41,6 +45,7 @@ __all__ = [
   "TaskExamples",
   "build_messages",
   "format_prompt",
+  "load_file_task",
   "load_task",
 ]
 

@@ -34,6 +34,24 @@ INSTRUCTIONS = {
   **{task: CHOICE_INSTRUCTION for task in formats.MULTIPLE_CHOICE_TASKS},
 }
 _PLAIN_SYSTEM_TASKS = ("countdown", "hotpotqa", "mbpp")
+# Reward name (es_jax.rewards) -> (system prompt, answer-format instruction) of a question/answer
+# file's prompt, so that the model is asked for the format its reward reads. A reward not listed
+# (a user's "module:function") gets the plain system prompt and no instruction.
+REWARD_PROMPTS = {
+  "math": (SYSTEM_PROMPT, ""),
+  "gsm8k": (SYSTEM_PROMPT, ""),
+  "reasoning_gym": (SYSTEM_PROMPT, ""),
+  "char_parity": (SYSTEM_PROMPT, ""),
+  "choice": (SYSTEM_PROMPT, CHOICE_INSTRUCTION),
+  "qa": (PLAIN_SYSTEM_PROMPT, HOTPOTQA_INSTRUCTION),
+  "code": (PLAIN_SYSTEM_PROMPT, MBPP_INSTRUCTION),
+  "countdown": (PLAIN_SYSTEM_PROMPT, COUNTDOWN_INSTRUCTION),
+}
+
+
+def reward_prompts(reward: str) -> tuple[str, str]:
+  """(system prompt, instruction) asking for the answer format `reward` reads."""
+  return REWARD_PROMPTS.get(reward, (PLAIN_SYSTEM_PROMPT, ""))
 
 
 def default_system_prompt(task: str) -> str:
@@ -48,9 +66,11 @@ def build_messages(
 
   Args:
     example: an example from `load_task` ("prompt" and "task" are read).
-    system_prompt: None for the task's default, "" for no system message, or the text to use.
-    instruction: None for the task's answer-format instruction (`INSTRUCTIONS`; none for math
-      tasks), "" for none, or the text to append to the user message.
+    system_prompt: None for the example's "system_prompt" field or else the task's default, ""
+      for no system message, or the text to use.
+    instruction: None for the example's "instruction" field or else the task's answer-format
+      instruction (`INSTRUCTIONS`; none for math tasks), "" for none, or the text to append to
+      the user message.
 
   Returns:
     [{"role": "system", ...}, {"role": "user", ...}] (no system message when it is empty).
@@ -58,8 +78,11 @@ def build_messages(
   task = example.get("task", "")
   if "prompt" not in example:
     raise KeyError(f"example {example.get('id', '?')!r} of task {task!r} has no 'prompt' field")
-  system = default_system_prompt(task) if system_prompt is None else system_prompt
-  suffix = INSTRUCTIONS.get(task, "") if instruction is None else instruction
+  if system_prompt is None:
+    system_prompt = example.get("system_prompt", default_system_prompt(task))
+  if instruction is None:
+    instruction = example.get("instruction", INSTRUCTIONS.get(task, ""))
+  system, suffix = system_prompt, instruction
   user = f"{example['prompt']}\n\n{suffix}" if suffix else example["prompt"]
   messages = [{"role": "system", "content": system}] if system else []
   return [*messages, {"role": "user", "content": user}]
@@ -80,7 +103,9 @@ def format_prompt(
 ) -> str:
   """The text to feed the model for one example, ending where the assistant's answer starts.
 
-  Uses `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`.
+  An example holding "prompt_text" (a question/answer file's `prompt_template`, filled) is fed
+  as that text, without chat template. Otherwise uses
+  `tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)`.
   Templates that reject a system role get the system prompt prepended to the user message.
   Without a tokenizer, or with one that has no chat template, returns `plain_prompt`.
 
@@ -94,6 +119,8 @@ def format_prompt(
   Returns:
     The prompt string (not tokenized).
   """
+  if example.get("prompt_text") is not None:
+    return example["prompt_text"]
   messages = build_messages(example, system_prompt=system_prompt, instruction=instruction)
   template = chat_template or getattr(tokenizer, "chat_template", None)
   if tokenizer is None or not template:

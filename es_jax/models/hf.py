@@ -176,11 +176,13 @@ def params_from_hf_tensors(
   dtype = c.jnp_dtype
   shapes = param_shapes(c)
   files = files or {}
+  used: set[str] = set()
 
   def take(name, ours_shape, transpose=False):
     where = files.get(name, source)
     if name not in tensors:
       raise ValueError(f"{source}: tensor {name!r} is missing.")
+    used.add(name)
     t = tensors[name]
     want = tuple(reversed(ours_shape)) if transpose else tuple(ours_shape)
     if tuple(t.shape) != want:
@@ -204,8 +206,37 @@ def params_from_hf_tensors(
   }
   if not c.tie_embeddings:
     p["lm_head"] = jnp.asarray(take("lm_head.weight", shapes["lm_head"], True), dtype)
+  _check_unused(tensors, used, config, source, files)
   check_param_shapes(c, p, source)
   return p
+
+
+def _check_unused(
+  tensors: dict[str, np.ndarray], used: set[str], config: ModelConfig, source: str, files
+) -> None:
+  """Raises ValueError naming a tensor the model does not use (a wrong architecture or config).
+
+  Legitimate extras pass: rotary `inv_freq` buffers (recomputed from rope_theta) and, with tied
+  embeddings, an `lm_head.weight` equal to the embedding (a saved copy of the tie).
+  """
+  extra = sorted(n for n in tensors if n not in used and not n.endswith(".rotary_emb.inv_freq"))
+  head = "lm_head.weight"
+  if config.tie_embeddings and head in extra:
+    embed = tensors.get("model.embed_tokens.weight")
+    if embed is None or not np.array_equal(tensors[head], embed):
+      raise ValueError(
+        f"{files.get(head, source)}: tensor {head!r} differs from model.embed_tokens.weight but "
+        "config.json sets tie_word_embeddings=true (the model would ignore it); set it to false "
+        "or drop the tensor."
+      )
+    extra.remove(head)
+  if extra:
+    more = f" (and {len(extra) - 1} more: {', '.join(extra[1:4])}...)" if len(extra) > 1 else ""
+    raise ValueError(
+      f"{files.get(extra[0], source)}: tensor {extra[0]!r} is not used by this "
+      f"{config.architecture} config{more}; the checkpoint does not match its config.json "
+      "(another architecture, bias, layer count or tie_word_embeddings)."
+    )
 
 
 def params_to_hf_tensors(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
@@ -248,7 +279,13 @@ def load_hf(path: str | os.PathLike, *, dtype: str | None = None, tokenizer: boo
   cfg_file = path / "config.json"
   if not cfg_file.exists():
     raise FileNotFoundError(f"{cfg_file}: not found; is {path} an HF model directory?")
-  hf = json.loads(cfg_file.read_text())
+  try:
+    hf = json.loads(cfg_file.read_text())
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    where = f" (line {e.lineno}, column {e.colno})" if hasattr(e, "lineno") else ""
+    raise ValueError(f"{cfg_file}: not valid JSON{where}: {getattr(e, 'msg', e)}.") from None
+  if not isinstance(hf, dict):
+    raise ValueError(f"{cfg_file}: expected a JSON object, got {type(hf).__name__}.")
   config = config_from_hf(hf, str(cfg_file))
   dtype = dtype or hf.get("dtype") or hf.get("torch_dtype") or "float32"
   config = config.replace(dtype=str(dtype))

@@ -17,6 +17,10 @@ The math training rewards read `\\boxed{}` answers only (the paper's reward); th
 names opt into GSM8K's "#### n" as a formatted answer too (data.reward="gsm8k_hash"). Evaluation
 (`is_correct`, `answer_key`) takes the boxed answer, falling back to "#### n", under every name.
 
+A user's reward is named "module:function" (an importable module) or "path/to/file.py:function":
+a callable `(completion: str, example: dict) -> float`, maximised; a sample counts as correct in
+evaluation when it scores >= 1.0, and abstains from Maj@k voting (`user_reward`).
+
 Dataset names map onto these (`aime24` → math, `mbpp` → code, `hotpotqa` → qa, ...; see
 `TASK_REWARDS`). Every verifier bounds its time on hostile input: extraction is linear in the
 completion, answers over 1,000 characters are not parsed, symbolic checks run in a killable worker
@@ -25,7 +29,10 @@ deadline or crashes scores 0 and is counted (`failure_metrics`, logged by the ru
 """
 
 import functools
+import importlib
+import importlib.util
 import inspect
+import os
 from collections.abc import Callable
 
 from es_jax.rewards.choice import choice_answer_key, choice_correct, choice_reward
@@ -104,6 +111,53 @@ TASK_REWARDS = {
 }
 
 
+def is_user_reward(name: str) -> bool:
+  """Whether `name` names a user's callable ("module:function" or "file.py:function")."""
+  return isinstance(name, str) and ":" in name and not name.startswith("reasoning_gym/")
+
+
+@functools.cache
+def user_reward(name: str) -> Callable[[str, dict], float]:
+  """The callable "module:function" or "path/to/file.py:function" names.
+
+  Raises:
+    ValueError: the module or file cannot be imported, has no such function, or the function
+      does not take (completion, example).
+  """
+  module_name, _, attr = name.rpartition(":")
+  if not module_name or not attr.isidentifier():
+    raise ValueError(f"reward {name!r}: use 'module:function' or 'path/to/file.py:function'.")
+  try:
+    if module_name.endswith(".py"):
+      if not os.path.isfile(module_name):
+        raise FileNotFoundError(f"no such file {module_name!r}")
+      spec = importlib.util.spec_from_file_location(f"_user_reward_{abs(hash(name))}", module_name)
+      module = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+    else:
+      module = importlib.import_module(module_name)
+  except Exception as e:  # noqa: BLE001 - any import failure of the user's code, in one line
+    raise ValueError(
+      f"reward {name!r}: importing {module_name} failed: {type(e).__name__}: {e}"
+    ) from None
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ValueError(f"reward {name!r}: {module_name} has no function {attr!r}.")
+  try:
+    inspect.signature(fn).bind("", {})
+  except TypeError:
+    raise ValueError(
+      f"reward {name!r}: {attr} must take (completion: str, example: dict) and return a float."
+    ) from None
+  except ValueError:  # a builtin without a signature: trust it
+    pass
+  return fn
+
+
+def _user_correct(completion: str, example: dict, *, fn: Callable) -> bool:
+  return float(fn(completion, example)) >= 1.0
+
+
 def _resolve(name: str) -> str:
   if name.startswith("reasoning_gym/"):  # es_jax.data's generated tasks: "reasoning_gym/<task>"
     return "reasoning_gym"
@@ -126,12 +180,17 @@ def get_reward(name: str, **options) -> Callable[[str, dict], float]:
   >>> get_reward("gsm8k", fallback="last_number")("so 42", {"answer": "... #### 42"})
   1.0
   """
+  if is_user_reward(name):
+    return _bind(user_reward(name), name, options)
   reward = _resolve(name)
   return _bind(REWARDS[reward], name, options)
 
 
 def is_correct(completion: str, example: dict, *, task: str, **options) -> bool:
-  """Whether the completion's answer is correct (evaluation; no format credit)."""
+  """Whether the completion's answer is correct (evaluation; no format credit; a user's reward:
+  a score >= 1.0)."""
+  if is_user_reward(task):
+    return _user_correct(completion, example, fn=get_reward(task, **options))
   reward = _resolve(task)
   return bool(_bind(_CORRECT[reward], task, options)(completion, example))
 
@@ -143,7 +202,10 @@ def failure_metrics() -> dict[str, int]:
 
 
 def answer_key(completion: str, *, task: str, **options) -> str | None:
-  """A normalised answer for Maj@k voting (None = no answer, abstains)."""
+  """A normalised answer for Maj@k voting (None = no answer, abstains; always for a user's
+  reward)."""
+  if is_user_reward(task):
+    return None
   reward = _resolve(task)
   return _bind(_ANSWER_KEY[reward], task, options, args=("",))(completion)
 
@@ -166,8 +228,10 @@ __all__ = [
   "gsm8k_gold",
   "gsm8k_reward",
   "is_correct",
+  "is_user_reward",
   "math_reward",
   "qa_reward",
   "reasoning_gym_reward",
   "run_sandboxed",
+  "user_reward",
 ]

@@ -56,22 +56,36 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = dict(
     source="default", path="", base_source="default", base_path="", preset="", dtype=""
   )
+  # task: a dataset of es_jax.data.TASKS, "reasoning_gym/<task>", or "file": your own
+  # question/answer file `path` (.jsonl, .json, .csv, .parquet; es_jax.data.files) whose fields
+  # `question_field` / `answer_field` hold question and gold answer, with `reward` a reward name
+  # or "module:function" / "file.py:function" (completion: str, example: dict) -> float.
   c.data = dict(
     task="reasoning_gym/chain_sum",
+    path="",  # task "file": the question/answer file
+    question_field="question",  # task "file": the field shown to the model
+    answer_field="answer",  # task "file": the gold answer's field
+    # task "file": "" = the model's chat template (system prompt and answer-format instruction of
+    # the reward); else a format string over the row's fields fed as is, e.g. "Q: {question}\nA:"
+    prompt_template="",
     split="train",
     limit=256,  # examples in the training pool (reasoning-gym: problems generated)
     task_config={},  # reasoning-gym generator options ({} = the task's defaults)
     data_dir="",  # prepared TFDS data ("" = TFDS's default directory)
     source_dir="",  # downloaded original files ("" = use what data_dir holds)
     on_bad_row="raise",  # a bad row of the source files: "raise" (naming file and line) or "skip"
-    # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS). Math tasks' own rewards
-    # read \boxed{} answers only (the paper's); "gsm8k_hash" / "math_hash" also take "#### n".
+    # reward name ("" = the task's own, es_jax.rewards.TASK_REWARDS), or module:function. Math
+    # tasks' own rewards read \boxed{} answers only (the paper's); "gsm8k_hash" / "math_hash"
+    # also take "#### n".
     reward="",
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
   )
   c.eval = dict(
     task="reasoning_gym/chain_sum",
+    # task "file": the held-out file ("" = data.path, the training file); fields, template and
+    # reward are data's
+    path="",
     split="test",
     limit=64,  # problems in the final evaluation
     task_config={},  # reasoning-gym generator options ({} = the task's defaults)
@@ -83,7 +97,7 @@ def base_config() -> ml_collections.ConfigDict:
     top_p=1.0,
     max_new_tokens=64,
     batch_size=64,
-    ks=(1, 2, 4, 8),
+    ks=(1, 2, 4, 8),  # k of Pass@k and Maj@k, each <= num_samples (periodic: k <= its n only)
     every=0,  # periodic eval every this many steps (0 = only before and after training)
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
     periodic_num_samples=4,

@@ -11,8 +11,9 @@ docs/results/fair_study.md); rerunning the command resumes where it stopped.
 
 What it runs (experiments/fair_study.py): SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic
 (two one-digit terms, + and −; docs/results/fair_study.md compares the candidate tasks: the base
-model's Pass@1 is 0.24 and its Pass@16 0.73 here, against 0.19 and 0.72 on the demo's chain_sum). σ is calibrated at the base model without learning over σ ∈ {1e-3, 3e-3, 1e-2,
-3e-2}; ES runs full rank (the paper's noise) with N = 16 members, greedy fitness (the paper's Easy
+model's Pass@1 is 0.24 and its Pass@16 0.73 here, against 0.19 and 0.72 on the demo's
+chain_sum). σ is calibrated at the base model without learning over σ ∈ {1e-3, 3e-3, 1e-2, 3e-2};
+ES runs full rank (the paper's noise) with N = 16 members, greedy fitness (the paper's Easy
 setting), 16 prompts per step and 30 steps; the null control (shuffled fitness) runs with exactly
 the same settings; GRPO runs G = 8 samples per prompt on the same 16 prompts per step for 30
 steps with the paper's β and clipping. ES's α and GRPO's lr come from three 6-step pilots each

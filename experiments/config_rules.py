@@ -1,0 +1,139 @@
+"""Config rules that involve several fields (`cross_checks`, called by
+`experiments.config_check.validate`): ES and GRPO settings that must agree, every model field used
+by its source or refused, counts that must divide one another (population chunks) or fit (Pass@k's
+k), and the fields of a question/answer file task. A field no run reads is refused rather than
+silently ignored, and a GRPO-only setting never blocks an ES run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from es_jax import reference_arithmetic
+from experiments.config_check import fail
+
+# The [N]-fitness shapings (the in-place arithmetic's update takes one weight per member).
+_IN_PLACE_SHAPINGS = ("zscore", "centered_rank", "shuffled")
+
+
+def cross_checks(config: Any) -> None:
+  """Rules that involve two fields or more; raises ConfigError naming the field to change."""
+  es, grpo, model = config.es, config.grpo, config.model
+  if es.antithetic and es.population_size % 2:
+    raise fail(
+      "es.population_size",
+      es.population_size,
+      "es.antithetic=True pairs members: use an even population size",
+    )
+  if es.precision in reference_arithmetic.MODES:  # those codes' plain ES step, nothing else
+    for field, ok, need in (
+      ("optimizer", es.optimizer == "sgd", "sgd"),
+      ("rank", int(es.rank) == 0, "0 (full rank)"),
+      ("antithetic", not es.antithetic, "False"),
+      ("shaping", es.shaping in _IN_PLACE_SHAPINGS, f"one of {_IN_PLACE_SHAPINGS}"),
+    ):
+      if not ok:
+        raise fail(f"es.{field}", es[field], f"es.precision={es.precision!r} needs {need}")
+  rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
+  if _uses_grpo(config) and grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
+    raise fail(
+      "grpo.mini_batch_size",
+      grpo.mini_batch_size,
+      f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
+    )
+  _model_checks(model)
+  _size_checks(config)
+  _file_task_checks(config)
+
+
+_FILE_FIELDS = {"question_field": "question", "answer_field": "answer", "prompt_template": ""}
+
+
+def _file_task_checks(config: Any) -> None:
+  """Task "file" needs its path and reward; its fields are refused for other tasks (unused)."""
+  d, ev = config.data, config.get("eval")
+  if d.task == "file":
+    if not d.get("path"):
+      raise fail("data.path", d.get("path"), "data.task='file' needs your question/answer file")
+    if not d.reward:
+      raise fail(
+        "data.reward",
+        d.reward,
+        "data.task='file' needs a reward: a name of es_jax.rewards (qa = exact match, gsm8k = "
+        "numeric, math, choice, code, ...) or 'module:function'",
+      )
+  elif d.get("path"):
+    raise fail("data.path", d.path, f"only data.task='file' reads it, not {d.task!r}")
+  file_in_use = d.task == "file" or (ev is not None and ev.get("task") == "file")
+  for field, unused in _FILE_FIELDS.items():
+    if not file_in_use and d.get(field, unused) != unused:
+      raise fail(f"data.{field}", d[field], "only a task 'file' (data or eval) uses it")
+  if ev is None:
+    return
+  if ev.get("task") == "file" and not (ev.get("path") or d.get("path")):
+    raise fail("eval.path", ev.get("path"), "eval.task='file' needs eval.path or data.path")
+  if ev.get("task") == "file" and not d.reward:
+    raise fail("data.reward", d.reward, "eval.task='file' scores with data.reward: name one")
+  if ev.get("task") != "file" and ev.get("path"):
+    raise fail("eval.path", ev.path, f"only eval.task='file' reads it, not {ev.get('task')!r}")
+
+
+def _uses_grpo(config: Any) -> bool:
+  """Whether the method trains with GRPO (a GRPO-only setting must not block an ES run)."""
+  method = config.get("method")
+  if method == "demo":
+    runs = str(config.get("demo", {}).get("runs", "")).split(",")
+    return any(r.strip() in ("grpo", "grpo_es", "es_grpo") for r in runs)
+  return method in ("grpo", "sequential")
+
+
+def _model_checks(model: Any) -> None:
+  """Every model field is used by the source, or refused (never silently ignored)."""
+  source = model.source
+  if source == "random" and not model.preset:
+    raise fail("model.preset", model.preset, "model.source='random' needs a preset")
+  if source in ("hf", "gguf", "orbax") and not model.path:
+    raise fail(
+      "model.path", model.path, f"model.source={source!r} needs a path: your model's directory"
+    )
+  if source in ("default", "random") and model.path:
+    raise fail(
+      "model.path",
+      model.path,
+      f"model.source={source!r} ignores a path: set model.source=hf, gguf or orbax to load it",
+    )
+  if source != "random" and model.preset:
+    raise fail(
+      "model.preset", model.preset, f"only model.source='random' uses a preset, not {source!r}"
+    )
+  if source != "orbax":
+    for field, unused in (("base_path", ""), ("base_source", "default")):
+      if model.get(field, unused) != unused:
+        raise fail(
+          f"model.{field}",
+          model[field],
+          f"only model.source='orbax' uses it (the architecture of a checkpoint), not {source!r}",
+        )
+
+
+def _size_checks(config: Any) -> None:
+  """Counts that must divide one another or fit (population chunks, Pass@k's k)."""
+  es, ev = config.es, config.get("eval")
+  chunk, pop = int(es.members_per_chunk), int(config.get("mesh", {}).get("pop", 0) or 0)
+  per_call = chunk * max(pop, 1)
+  if es.population_size % per_call:
+    devices = f" x mesh.pop={pop}" if pop > 1 else ""
+    raise fail(
+      "es.population_size",
+      es.population_size,
+      f"must be divisible by es.members_per_chunk={chunk}{devices} = {per_call} (members run in "
+      "chunks of that size): change one of them",
+    )
+  if ev is not None and "ks" in ev and "num_samples" in ev:
+    too_big = [int(k) for k in ev.ks if int(k) > int(ev.num_samples)]
+    if too_big:
+      raise fail(
+        "eval.ks",
+        tuple(ev.ks),
+        f"Pass@k needs k <= eval.num_samples={ev.num_samples}, but k={too_big} is larger: raise "
+        "eval.num_samples or drop those k",
+      )

@@ -1,0 +1,153 @@
+"""Tests for es_jax.data.files (your own question/answer file as a task), the user rewards of
+es_jax.rewards ("module:function", "file.py:function") and the config rules of task "file"."""
+
+import csv
+import json
+
+import ml_collections
+import pytest
+from tiny_models import tiny_tokenizer
+
+from es_jax import data, rewards
+from es_jax.data import BadRowError, format_prompt, load_file_task
+from experiments import config_check, evaluate, run_data
+from experiments.configs import custom, demo
+
+
+def _jsonl(path, rows):
+  path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+  return str(path)
+
+
+def test_jsonl_rows_become_examples_with_the_rewards_answer_format(tmp_path):
+  path = _jsonl(
+    tmp_path / "mine.jsonl",
+    [
+      {"q": "What is 2 + 2?", "a": 4, "topic": "sums"},
+      {"q": "Capital of France?", "a": ["Paris", "paris city"], "id": "fr"},
+    ],
+  )
+  examples = load_file_task(path, question_field="q", answer_field="a", reward="qa")
+  assert len(examples) == 2 and examples.task == data.FILE_TASK
+  first, second = examples[0], examples[1]
+  assert first["prompt"] == "What is 2 + 2?" and first["answer"] == "4"  # numbers as text
+  assert first["id"] == "mine.jsonl:1" and second["id"] == "fr" and first["topic"] == "sums"
+  assert second["answer"] == ["Paris", "paris city"]  # qa aliases
+  assert examples.source["sha256"] and examples.source["rows"] == 2
+  # The chat prompt asks for the format the reward reads (qa: <answer> tags).
+  text = format_prompt(first, tiny_tokenizer())
+  assert "<answer>" in text and "What is 2 + 2?" in text and "<|im_start|>assistant" in text
+  boxed = load_file_task(path, question_field="q", answer_field="a", reward="math")[0]
+  assert "\\boxed{}" in format_prompt(boxed, tiny_tokenizer())
+  assert rewards.get_reward("qa")("<answer>paris</answer>", second) == 1.0
+
+
+def test_a_prompt_template_is_fed_as_is(tmp_path):
+  path = _jsonl(tmp_path / "t.jsonl", [{"question": "2+3", "answer": "5", "hint": "add"}])
+  ex = load_file_task(path, prompt_template="Q: {question} ({hint})\nA:")[0]
+  assert format_prompt(ex, tiny_tokenizer()) == "Q: 2+3 (add)\nA:"
+  with pytest.raises(BadRowError, match=r"t\.jsonl, line 1: field 'level': used by the prompt"):
+    load_file_task(path, prompt_template="{question} {level}")
+  with pytest.raises(ValueError, match="named fields"):
+    load_file_task(path, prompt_template="{} and {question}")
+
+
+def test_csv_and_bad_rows_name_file_line_and_field(tmp_path):
+  csv_path = tmp_path / "mine.csv"
+  with open(csv_path, "w", newline="") as f:
+    writer = csv.writer(f)
+    writer.writerows([["question", "answer"], ["1+1", "2"], ["2+2", ""], ["3+3", "6"]])
+  with pytest.raises(BadRowError, match=r"mine\.csv, line 3: field 'answer': empty"):
+    load_file_task(str(csv_path))
+  kept = load_file_task(str(csv_path), on_bad_row="skip")
+  assert [e["answer"] for e in kept] == ["2", "6"] and kept.num_skipped == 1
+  bad = _jsonl(tmp_path / "bad.jsonl", [{"question": "a", "answer": "b"}, "{oops", {"answer": 1}])
+  with pytest.raises(BadRowError, match=r"bad\.jsonl, line 2: field '<row>': invalid JSON"):
+    load_file_task(bad)
+  no_question = _jsonl(tmp_path / "nq.jsonl", [{"question": "a", "answer": "b"}, {"answer": 1}])
+  with pytest.raises(BadRowError, match=r"nq\.jsonl, line 2: field 'question': missing"):
+    load_file_task(no_question)
+  with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+    load_file_task(str(tmp_path / "nope.jsonl"))
+  assert (
+    len(load_file_task(_jsonl(tmp_path / "l.jsonl", [{"question": 1, "answer": 2}] * 5), limit=3))
+    == 3
+  )
+
+
+def test_user_rewards_by_module_or_file(tmp_path, monkeypatch):
+  (tmp_path / "my_reward.py").write_text(
+    "def score(completion, example):\n  return float(example['answer'] in completion)\n"
+    "def wrong(completion):\n  return 1.0\n"
+  )
+  monkeypatch.chdir(tmp_path)
+  ex = {"answer": "42"}
+  for name in ("my_reward.py:score", f"{tmp_path}/my_reward.py:score"):
+    assert rewards.get_reward(name)("so 42", ex) == 1.0
+    assert rewards.is_correct("so 42", ex, task=name) and not rewards.is_correct("7", ex, task=name)
+    assert rewards.answer_key("so 42", task=name) is None  # abstains from Maj@k
+  monkeypatch.syspath_prepend(str(tmp_path))
+  assert rewards.get_reward("my_reward:score")("42", ex) == 1.0
+  for name, match in (
+    ("my_reward.py:nope", "has no function 'nope'"),
+    ("my_reward.py:wrong", r"must take \(completion: str, example: dict\)"),
+    ("missing.py:score", "no such file"),
+    ("no_such_module_xyz:score", "importing no_such_module_xyz failed"),
+  ):
+    with pytest.raises(ValueError, match=match):
+      rewards.get_reward(name)
+
+
+def _with(config, **fields):
+  c = ml_collections.ConfigDict(config.to_dict())
+  for dotted, value in fields.items():
+    *parents, leaf = dotted.split("__")
+    node = c
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  c.lock()
+  return c
+
+
+def test_file_task_config_rules_and_required_keys():
+  smoke = custom.get_config("smoke")
+  assert config_check.validate(smoke) is smoke
+  full = custom.get_config()
+  for fields, message in (
+    ({}, "config.model.path='' is invalid: model.source='hf' needs a path"),
+    (dict(model__path="/m", data__path=""), "config.data.path='' is invalid"),
+    (dict(model__path="/m", data__path="d.jsonl", data__reward=""), "config.data.reward=''"),
+    (dict(model__path="/m", data__path="d.jsonl", data__reward="x.py:"), "config.data.reward"),
+  ):
+    with pytest.raises(config_check.ConfigError, match=message):
+      config_check.validate(_with(full, **fields))
+  ok = _with(full, model__path="/m", data__path="d.jsonl", data__reward="my_reward.py:score")
+  assert config_check.validate(ok).data.reward == "my_reward.py:score"
+  # A GRPO-only setting does not block an ES run (6 prompts x G = 8 rows, mini-batch 256).
+  es = _with(ok, data__prompts_per_step=6)
+  config_check.validate(es)
+  with pytest.raises(config_check.ConfigError, match="config.grpo.mini_batch_size=256"):
+    config_check.validate(_with(es, method="grpo"))
+  # The file fields are refused where no task reads them (never silently ignored).
+  for fields, name in (
+    (dict(data__path="x.jsonl"), "config.data.path='x.jsonl'"),
+    (dict(eval__path="x.jsonl"), "config.eval.path='x.jsonl'"),
+    (dict(data__question_field="problem"), "config.data.question_field='problem'"),
+  ):
+    with pytest.raises(config_check.ConfigError, match=name):
+      config_check.validate(_with(demo.get_config("smoke"), **fields))
+
+
+def test_eval_of_a_file_task_reads_eval_path_and_scores_with_data_reward(tmp_path):
+  train = _jsonl(tmp_path / "train.jsonl", [{"question": "1+1", "answer": "2"}] * 3)
+  held = _jsonl(tmp_path / "held.jsonl", [{"question": "2+2", "answer": "4"}])
+  config = _with(custom.get_config("smoke"), data__path=train, eval__path=held)
+  section, task, label = evaluate.eval_section(config)
+  assert (section["path"], task, label) == (held, "char_parity", "file_held")
+  examples = run_data.load_examples(section, "eval", options=run_data.file_options(config.data))
+  assert [e["prompt"] for e in examples] == ["2+2"]
+  section, _, label = evaluate.eval_section(_with(config, eval__path=""))
+  assert section["path"] == train and label == "file_train"  # the training file, with a warning
+  with pytest.raises(config_check.ConfigError, match=r"config\.data\.path: .*nope\.jsonl"):
+    run_data.load_examples({"task": "file", "path": str(tmp_path / "nope.jsonl")}, "data")
