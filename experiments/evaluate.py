@@ -12,6 +12,8 @@ and `run(config, workdir)` is `method="evaluate"`: the final evaluation of confi
   <label>.jsonl        one line per problem: index, id, n, c, per-sample correctness and
                        normalised answers (Maj@k), greedy_correct, mean length and token entropy
   <label>.meta.json    the sampling settings; resuming with different settings is refused
+  <label>.samples.jsonl  prompt, completions, extracted answers and verdicts of the first
+                       `keep_samples` problems (`experiments.samples_log.EvalSamples`)
   table.md, table.json greedy / Pass@1 / Pass@k / Maj@k / length / entropy per task + macro average
   timing.jsonl         one line per evaluation segment that sampled something: label, seconds,
                        problems (a resumed evaluation adds a line; the sum is the total time)
@@ -49,7 +51,7 @@ import tqdm
 
 from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, models, rewards, sampling
-from experiments import config_check, eval_results, eval_sampler, model_io, run_data
+from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
 from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
 from experiments.logger import format_seconds, progress_marks, write_run_files
@@ -94,6 +96,7 @@ def evaluate_model(
   answer_fn: Callable[[str], Any] | None = None,
   on_problem: Callable[[dict], None] | None = None,
   save_text: bool = False,
+  keep_samples: int = 0,
   run_info: Mapping[str, Any] | None = None,
   log_progress: bool = False,
   should_stop: Callable[[], bool] | None = None,
@@ -127,6 +130,7 @@ def evaluate_model(
     answer_fn: completion → normalised answer or None for Maj@k (default: `rewards.answer_key`).
     on_problem: called with each new record after its line is written.
     save_text: also store the decoded completions in the records.
+    keep_samples: write `<label>.samples.jsonl` (with out_dir) for the first this many problems.
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
     log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%.
@@ -149,10 +153,6 @@ def evaluate_model(
     eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
   eos_ids = tuple(int(e) for e in eos_ids)
   pad_id = sampling.pad_id(tokenizer)
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key_data = np.asarray(jax.random.key_data(key)).reshape(-1).tolist()
-  else:
-    key_data = np.asarray(key).reshape(-1).tolist()
   settings = {
     "label": label,
     "task": task,
@@ -164,16 +164,24 @@ def evaluate_model(
     "greedy": bool(greedy),
     "eos_ids": list(eos_ids),
     "pad_id": pad_id,
-    "key": key_data,
+    "key": eval_results.key_json(key),
     "run_info": json.loads(json.dumps(run_info)) if run_info else None,
   }
   records: dict[int, dict] = {}
-  jsonl = None
+  jsonl = stem = None
+  prompt_fn = prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
   if out_dir is not None:
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
     jsonl = stem + ".jsonl"
     records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+  samples = samples_log.EvalSamples(
+    stem and stem + ".samples.jsonl",
+    keep=keep_samples,
+    prompt_fn=prompt_fn,
+    resume=resume,
+    save_text=save_text,
+  )
   records = {i: r for i, r in records.items() if i < len(examples)}
   for i, r in records.items():
     if r["id"] != eval_results.example_id(examples[i], i):
@@ -190,11 +198,10 @@ def evaluate_model(
     batch_size=int(batch_size),
     temperature=float(temperature),
     greedy=greedy,
-    save_text=save_text,
     generate_kwargs=dict(
       max_new_tokens=int(max_new_tokens), top_p=top_p, eos_ids=eos_ids, pad_id=pad_id
     ),
-    prompt_fn=prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer),
+    prompt_fn=prompt_fn,
     correct_fn=correct_fn or functools.partial(rewards.is_correct, task=task),
     answer_fn=answer_fn or functools.partial(rewards.answer_key, task=task),
   )
@@ -221,6 +228,7 @@ def evaluate_model(
       raise EvaluationStopped(f"{label}: stopped before problem {start} of {len(examples)}")
     block_key = jax.random.fold_in(task_key, start // batch_size)
     for i, scored in scorer.score_block(examples, block, set(records), block_key):
+      scored = samples.take(i, examples[i], scored)  # its samples line first: no duplicate
       records[i] = eval_results.make_record(i, examples[i], scored)
       if jsonl is not None:
         eval_results.append_record(jsonl, records[i])
@@ -232,15 +240,9 @@ def evaluate_model(
       if len(records) in marks:
         elapsed = time.perf_counter() - t0
         eta = elapsed / (len(records) - already) * (len(examples) - len(records))
-        log.info(
-          "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s",
-          label,
-          len(records),
-          len(examples),
-          pass_at_1,
-          format_seconds(elapsed),
-          format_seconds(eta),
-        )
+        times = format_seconds(elapsed), format_seconds(eta)
+        line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
+        log.info(line, label, len(records), len(examples), pass_at_1, *times)
   bar.close()
   seconds = time.perf_counter() - t0
   if jsonl is not None and scorer.calls:
@@ -320,14 +322,8 @@ class Evaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
     ev = config.eval
-    for name in (
-      "limit",
-      "num_samples",
-      "max_new_tokens",
-      "batch_size",
-      "periodic_limit",
-      "periodic_num_samples",
-    ):
+    names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
+    for name in names.split():
       positive_int(ev[name], f"eval.{name}")
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
@@ -397,6 +393,7 @@ class Evaluator:
       [TaskSpec(self.label, self.task, self.examples), *self.extra],
       out_dir=out_dir,
       log_progress=True,
+      keep_samples=int(self.config.keep_samples),
       run_info=run_info,
       should_stop=should_stop,
       **self._kwargs(n),
