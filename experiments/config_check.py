@@ -411,12 +411,18 @@ def unknown_key_message(config: Any, dotted: str) -> str:
 
 
 def compact(config: Any) -> str:
-  """The resolved config on a few lines: one per section, `key=value` pairs."""
+  """The resolved config on a few lines: the top-level fields, then one line per section that
+  config.method reads (`experiments.configs.base.METHOD_GROUPS`; all for an unknown method)."""
+  from experiments.configs.base import METHOD_GROUPS
+
   d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  used = METHOD_GROUPS.get(d.get("method"))
+  if used is not None and d.get("method") == "evaluate" and d.get("eval", {}).get("task") == "file":
+    used = (*used, "data")
   top = [f"{k}={v!r}" for k, v in d.items() if not isinstance(v, Mapping)]
   lines = ["config: " + " ".join(top)]
   for k, v in d.items():
-    if isinstance(v, Mapping):
+    if isinstance(v, Mapping) and (used is None or k in used):
       lines.append(f"  {k}: " + " ".join(f"{kk}={vv!r}" for kk, vv in v.items()))
   return "\n".join(lines)
 

@@ -57,9 +57,6 @@ from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
-read_records = eval_results.read_records
-summarize = eval_results.summarize
-write_report = eval_results.write_report
 
 
 # evaluate_model's arguments are not config fields: the same error without "config.".
@@ -133,13 +130,14 @@ def evaluate_model(
     keep_samples: write `<label>.samples.jsonl` (with out_dir) for the first this many problems.
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
-    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%.
+    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%, and
+      the summary at INFO (else DEBUG).
     should_stop: called before each batch that samples something; True raises
       `EvaluationStopped` (the problems finished so far are already in the jsonl).
 
   Returns:
-    The task summary (`summarize`: greedy, pass@k, maj@k, mean_length, mean_entropy, curve),
-    plus "records" (per-problem dicts by index), "label", "task" and "timing".
+    The task summary (`eval_results.summarize`: greedy, pass@k, maj@k, mean_length,
+    mean_entropy, curve), plus "records" (per-problem dicts by index), "label", "task" and "timing".
   """
   label = label or task
   n = int(num_samples)
@@ -215,10 +213,9 @@ def evaluate_model(
     unit="problem",
     disable=not (progress and tty),
   )
-  already = len(records)
-  marks = progress_marks(len(examples), already) if log_progress else set()
-  if log_progress and already < len(examples):
-    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), already, n)
+  marks = progress_marks(len(examples), done) if log_progress else set()
+  if log_progress and done < len(examples):
+    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), done, n)
   for start in range(0, len(examples), batch_size):
     block = range(start, min(start + batch_size, len(examples)))
     if all(i in records for i in block):
@@ -239,7 +236,7 @@ def evaluate_model(
       bar.update(1)
       if len(records) in marks:
         elapsed = time.perf_counter() - t0
-        eta = elapsed / (len(records) - already) * (len(examples) - len(records))
+        eta = elapsed / (len(records) - done) * (len(examples) - len(records))
         times = format_seconds(elapsed), format_seconds(eta)
         line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
         log.info(line, label, len(records), len(examples), pass_at_1, *times)
@@ -248,16 +245,17 @@ def evaluate_model(
   if jsonl is not None and scorer.calls:
     eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
   ordered = [records[i] for i in sorted(records)]
-  summary = summarize(ordered, ks=ks)
+  summary = eval_results.summarize(ordered, ks=ks)
   if out_dir is not None and report:
-    write_report({label: summary}, out_dir)
+    eval_results.write_report({label: summary}, out_dir)
   timing = {
     "seconds": seconds,
     "generate_calls": scorer.calls,
     "new_tokens": scorer.new_tokens,
     "tokens_per_s": scorer.new_tokens / max(seconds, 1e-9),
   }
-  log.info("%s: %s (%.1f s)", label, eval_results.one_line(summary), seconds)
+  level = logging.INFO if log_progress else logging.DEBUG  # periodic: the caller's own line
+  log.log(level, "eval %s: %s (%.1f s)", label, eval_results.one_line(summary), seconds)
   return {**summary, "label": label, "task": task, "records": ordered, "timing": timing}
 
 
@@ -313,7 +311,7 @@ def evaluate_tasks(
   _check(bool(averaged), "tasks average", labels, "at least one task must enter the average")
   macro = eval_results.macro({label: summaries[label] for label in averaged})
   if out_dir is not None:
-    write_report(summaries, out_dir, averaged=averaged)
+    eval_results.write_report(summaries, out_dir, averaged=averaged)
   return {"tasks": results, "macro": macro, "macro_tasks": averaged}
 
 
@@ -332,7 +330,7 @@ class Evaluator:
     self.examples = run_data.load_examples(section, "eval", options=options)
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
-    self.extra = extra_eval_tasks(ev, taken={self.label})
+    self.extra = extra_eval_tasks(section, taken={self.label})
 
   def _kwargs(self, num_samples: int) -> dict[str, Any]:
     ev = self.config
@@ -401,10 +399,12 @@ class Evaluator:
 
 
 def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:
-  """(config.eval as a dict, the name that scores it, its label). Task "file" reads eval.path,
-  else data.path (the training file: logged as a warning), and scores with data.reward."""
+  """(config.eval as a dict, plus config.progress, the name that scores it, its label). Task
+  "file" reads eval.path, else data.path (the training file: logged as a warning), and scores
+  with data.reward."""
   ev = config.eval
   section = {k: ev[k] for k in ev.keys()}
+  section["progress"] = bool(config.get("progress", True))  # TFDS's bars (run_data)
   if ev.task != data.FILE_TASK:
     return section, ev.task, task_label(ev.task)
   if not section.get("path"):

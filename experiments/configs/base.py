@@ -43,6 +43,26 @@ METHODS = {
   "fair_study": "experiments.fair_study:run",
 }
 
+_TRAINING_GROUPS = ("model", "data", "eval", "checkpoint", "mesh")
+# The config groups each method reads (the printed config shows these, plus the top-level
+# fields); method="evaluate" reads `data` too when eval.task is "file" (its fields and reward).
+METHOD_GROUPS = {
+  "es": (*_TRAINING_GROUPS, "es"),
+  "grpo": (*_TRAINING_GROUPS, "grpo"),
+  "sequential": (*_TRAINING_GROUPS, "es", "grpo", "sequential"),
+  "evaluate": ("model", "eval"),
+  "demo": (*_TRAINING_GROUPS, "es", "grpo", "sequential", "demo"),
+  "sparsity": ("model", "eval", "sparsity"),
+  "population_sweep": (*_TRAINING_GROUPS, "es", "population_sweep"),
+  "diversity": ("model", "eval", "es", "mesh", "diversity"),
+  "report": ("report",),
+  "calibrate": ("model", "data", "es", "mesh", "diversity"),
+  "fair_study": (
+    *_TRAINING_GROUPS,
+    *("es", "grpo", "sequential", "demo", "diversity", "sparsity", "fair"),
+  ),
+}
+
 
 def base_config() -> ml_collections.ConfigDict:
   """All fields with defaults (the paper's where it gives one); unlocked, callers lock."""
