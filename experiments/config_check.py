@@ -233,6 +233,7 @@ def schema() -> dict[str, Rule]:
     "eval.periodic_limit": integer(1),
     "eval.periodic_num_samples": integer(1),
     "eval.final": boolean,
+    "eval.keep_samples": integer(0),
     "eval.extra_tasks": lambda x: None if isinstance(x, list | tuple) else "need a list",
     "es.num_steps": integer(1),
     "es.population_size": integer(1),
@@ -278,6 +279,8 @@ def schema() -> dict[str, Rule]:
     "mesh.model": integer(1),
     "mesh.check_memory": boolean,
     "progress": boolean,
+    "log_samples_every": integer(0),
+    "log_samples": integer(0),
     "demo.runs": comma_list(tuple(demo.RUNS)),
     "population_sweep.sizes": comma_list(ints_from=2),
     "population_sweep.ema_decay": number(0.0, 1.0, high_open=True),
@@ -408,12 +411,18 @@ def unknown_key_message(config: Any, dotted: str) -> str:
 
 
 def compact(config: Any) -> str:
-  """The resolved config on a few lines: one per section, `key=value` pairs."""
+  """The resolved config on a few lines: the top-level fields, then one line per section that
+  config.method reads (`experiments.configs.base.METHOD_GROUPS`; all for an unknown method)."""
+  from experiments.configs.base import METHOD_GROUPS
+
   d = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  used = METHOD_GROUPS.get(d.get("method"))
+  if used is not None and d.get("method") == "evaluate" and d.get("eval", {}).get("task") == "file":
+    used = (*used, "data")
   top = [f"{k}={v!r}" for k, v in d.items() if not isinstance(v, Mapping)]
   lines = ["config: " + " ".join(top)]
   for k, v in d.items():
-    if isinstance(v, Mapping):
+    if isinstance(v, Mapping) and (used is None or k in used):
       lines.append(f"  {k}: " + " ".join(f"{kk}={vv!r}" for kk, vv in v.items()))
   return "\n".join(lines)
 

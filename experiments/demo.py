@@ -24,12 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import ml_collections
 
 from es_jax import checkpoint
-from experiments import config_check, es, evaluate, grpo, report, sequential
+from experiments import config_check, es, eval_results, evaluate, grpo, report, sequential
+from experiments.logger import format_seconds
 
 log = logging.getLogger(__name__)
 
@@ -75,32 +77,73 @@ def _table(workdir: str) -> dict[str, Any] | None:
     return json.load(f)["macro"]
 
 
+class Clock:
+  """The demo's overall ETA: each run left costs its training steps at the mean seconds per step
+  of the runs finished so far in this process, plus one evaluation as long as the base model's
+  (measured here, or read from base/eval/timing.jsonl when the base was evaluated before)."""
+
+  def __init__(self, steps: dict[str, int]):
+    self.steps, self.t0 = dict(steps), time.perf_counter()  # runs left -> training steps
+    self.eval_seconds: float | None = None
+    self.train_seconds = self.train_steps = 0.0
+
+  def done(self, name: str, seconds: float | None = None) -> None:
+    """Run `name` finished in `seconds` (None: finished before this process)."""
+    steps = self.steps.pop(name)
+    if seconds is not None and name != "base" and self.eval_seconds is not None:
+      self.train_seconds += max(seconds - self.eval_seconds, 0.0)
+      self.train_steps += steps
+
+  def line(self) -> str:
+    text = f"demo {format_seconds(time.perf_counter() - self.t0)} so far"
+    if not self.train_steps or self.eval_seconds is None:
+      return text + ", overall ETA after the first training run"
+    per_step = self.train_seconds / self.train_steps
+    eta = sum(n * per_step + self.eval_seconds for n in self.steps.values())
+    return text + f", overall ETA {format_seconds(eta)} (runs left: {len(self.steps)})"
+
+
+def _steps(config: ml_collections.ConfigDict, method: str) -> int:
+  return int(config.sequential.total_steps if method == "sequential" else config[method].num_steps)
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)  # demo.runs among them
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
     config_check.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
+  clock = Clock({"base": 0, **{n: _steps(config, RUNS[n][0]) for n in names}})
   with checkpoint.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
     base_dir = os.path.join(workdir, "base")
     if _table(base_dir) is None:
       log.info("demo: evaluating the base model into %s", base_dir)
+      t0 = time.perf_counter()
       result = evaluate.run(_sub_config(config, "evaluate", None), base_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    for name in names:
+      clock.eval_seconds = time.perf_counter() - t0
+    else:
+      clock.eval_seconds = sum(eval_results.read_timing(os.path.join(base_dir, "eval")).values())
+    clock.done("base")
+    for i, name in enumerate(names, start=1):
       method, runner, order, shaping = RUNS[name]
       sub_dir = os.path.join(workdir, name)
       if os.path.exists(os.path.join(sub_dir, "DONE")):
         log.info("demo: %s already finished in %s", name, sub_dir)
+        clock.done(name)
         continue
       if checkpoint.preempted():
         return {"stopped": True}
-      log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
+      log.info("demo: %s (%d of %d) into %s | %s", name, i, len(names), sub_dir, clock.line())
+      t0 = time.perf_counter()
       result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
+      clock.done(name, time.perf_counter() - t0)
     if checkpoint.preempted():
       return {"stopped": True}
+    elapsed = format_seconds(time.perf_counter() - clock.t0)
+    log.info("demo: every run finished (%s in this process)", elapsed)
     return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 
 

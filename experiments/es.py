@@ -37,7 +37,7 @@ from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
 from es_jax import metrics, models, noise, population, reference_arithmetic, sampling, sharding
 from es_jax.rewards import failure_metrics
-from experiments import config_check, run_context, run_data, train_loop
+from experiments import config_check, run_context, run_data, samples_log, train_loop
 
 OPTIMIZERS = ("sgd", "adam")
 # "bf16": "fp32" arithmetic on weights kept in the model's dtype; the rest are noise.NoiseSpec's.
@@ -255,6 +255,9 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     values.update(failure_metrics())  # checks scored 0 on a timeout or crash
     n_tokens = float(np.sum(stats.completions.lengths))
     values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
+    loop.log_samples(
+      step, functools.partial(samples_log.es_rows, ctx.tokenizer, examples, fitness, stats)
+    )
     loop.end_step(step, state, values, params=state["params"])
   finished = loop.close()
   return train_loop.StageResult(state["params"], finished)

@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
 from es_jax.metrics import maj_at_k, pass_at_k
@@ -95,6 +96,13 @@ def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> 
       raise ValueError(f"{path} exists without {meta_path}; cannot check its settings.")
     write_json(meta_path, settings)
   return {r["index"]: r for r in read_records(path, repair=True)}
+
+
+def key_json(key) -> list[int]:
+  """A PRNG key (typed or raw uint32) as the list of its words, for the settings file."""
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.asarray(key).reshape(-1).tolist()
 
 
 def example_id(example: Mapping[str, Any], index: int):

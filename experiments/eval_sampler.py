@@ -51,7 +51,6 @@ class BlockScorer:
     batch_size,
     temperature,
     greedy,
-    save_text,
     generate_kwargs,
     prompt_fn,
     correct_fn,
@@ -59,7 +58,7 @@ class BlockScorer:
   ):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.n, self.batch_size, self.temperature = n, batch_size, temperature
-    self.greedy, self.save_text, self.generate_kwargs = greedy, save_text, generate_kwargs
+    self.greedy, self.generate_kwargs = greedy, generate_kwargs
     self.prompt_fn, self.correct_fn, self.answer_fn = prompt_fn, correct_fn, answer_fn
     self.calls = self.new_tokens = 0
     self._resolved = None
@@ -79,7 +78,9 @@ class BlockScorer:
     return self.tokenizer.batch_decode([tokens[r][mask[r]] for r in rows], skip_special_tokens=True)
 
   def score_block(self, examples, block: range, done: set[int], block_key):
-    """Yields (problem index, scored samples) for the unfinished problems of `block`, in order."""
+    """Yields (problem index, scored samples) for the unfinished problems of `block`, in order;
+    the decoded texts are in "texts" and "greedy_text" (`samples_log.EvalSamples.take` keeps
+    or drops them)."""
     exs = [examples[i] for i in block]
     encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
     ids, mask = pad_prompts(
@@ -117,7 +118,4 @@ class BlockScorer:
         a["entropy"] += float(np.sum(entropy[r] * out_mask[r]))
         a["texts"].append(text)
       for p in [p for p in acc if len(acc[p]["correct"]) == self.n]:
-        scored = acc.pop(p)
-        if not self.save_text:
-          scored = {k: v for k, v in scored.items() if k not in ("texts", "greedy_text")}
-        yield block[p], scored
+        yield block[p], acc.pop(p)

@@ -70,6 +70,7 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec
       "limit": ev.get("limit"),
       "data_dir": ev.get("data_dir"),
       "on_bad_row": ev.get("on_bad_row"),
+      "progress": ev.get("progress", True),
       **entry,
     }
     task = section.get("task")

@@ -12,6 +12,8 @@ and `run(config, workdir)` is `method="evaluate"`: the final evaluation of confi
   <label>.jsonl        one line per problem: index, id, n, c, per-sample correctness and
                        normalised answers (Maj@k), greedy_correct, mean length and token entropy
   <label>.meta.json    the sampling settings; resuming with different settings is refused
+  <label>.samples.jsonl  prompt, completions, extracted answers and verdicts of the first
+                       `keep_samples` problems (`experiments.samples_log.EvalSamples`)
   table.md, table.json greedy / Pass@1 / Pass@k / Maj@k / length / entropy per task + macro average
   timing.jsonl         one line per evaluation segment that sampled something: label, seconds,
                        problems (a resumed evaluation adds a line; the sum is the total time)
@@ -49,15 +51,12 @@ import tqdm
 
 from es_jax import checkpoint as checkpoint_lib
 from es_jax import data, models, rewards, sampling
-from experiments import config_check, eval_results, eval_sampler, model_io, run_data
+from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
 from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
-read_records = eval_results.read_records
-summarize = eval_results.summarize
-write_report = eval_results.write_report
 
 
 # evaluate_model's arguments are not config fields: the same error without "config.".
@@ -94,6 +93,7 @@ def evaluate_model(
   answer_fn: Callable[[str], Any] | None = None,
   on_problem: Callable[[dict], None] | None = None,
   save_text: bool = False,
+  keep_samples: int = 0,
   run_info: Mapping[str, Any] | None = None,
   log_progress: bool = False,
   should_stop: Callable[[], bool] | None = None,
@@ -127,15 +127,17 @@ def evaluate_model(
     answer_fn: completion → normalised answer or None for Maj@k (default: `rewards.answer_key`).
     on_problem: called with each new record after its line is written.
     save_text: also store the decoded completions in the records.
+    keep_samples: write `<label>.samples.jsonl` (with out_dir) for the first this many problems.
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
-    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%.
+    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%, and
+      the summary at INFO (else DEBUG).
     should_stop: called before each batch that samples something; True raises
       `EvaluationStopped` (the problems finished so far are already in the jsonl).
 
   Returns:
-    The task summary (`summarize`: greedy, pass@k, maj@k, mean_length, mean_entropy, curve),
-    plus "records" (per-problem dicts by index), "label", "task" and "timing".
+    The task summary (`eval_results.summarize`: greedy, pass@k, maj@k, mean_length,
+    mean_entropy, curve), plus "records" (per-problem dicts by index), "label", "task" and "timing".
   """
   label = label or task
   n = int(num_samples)
@@ -149,10 +151,6 @@ def evaluate_model(
     eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
   eos_ids = tuple(int(e) for e in eos_ids)
   pad_id = sampling.pad_id(tokenizer)
-  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
-    key_data = np.asarray(jax.random.key_data(key)).reshape(-1).tolist()
-  else:
-    key_data = np.asarray(key).reshape(-1).tolist()
   settings = {
     "label": label,
     "task": task,
@@ -164,16 +162,24 @@ def evaluate_model(
     "greedy": bool(greedy),
     "eos_ids": list(eos_ids),
     "pad_id": pad_id,
-    "key": key_data,
+    "key": eval_results.key_json(key),
     "run_info": json.loads(json.dumps(run_info)) if run_info else None,
   }
   records: dict[int, dict] = {}
-  jsonl = None
+  jsonl = stem = None
+  prompt_fn = prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
   if out_dir is not None:
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
     jsonl = stem + ".jsonl"
     records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+  samples = samples_log.EvalSamples(
+    stem and stem + ".samples.jsonl",
+    keep=keep_samples,
+    prompt_fn=prompt_fn,
+    resume=resume,
+    save_text=save_text,
+  )
   records = {i: r for i, r in records.items() if i < len(examples)}
   for i, r in records.items():
     if r["id"] != eval_results.example_id(examples[i], i):
@@ -190,11 +196,10 @@ def evaluate_model(
     batch_size=int(batch_size),
     temperature=float(temperature),
     greedy=greedy,
-    save_text=save_text,
     generate_kwargs=dict(
       max_new_tokens=int(max_new_tokens), top_p=top_p, eos_ids=eos_ids, pad_id=pad_id
     ),
-    prompt_fn=prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer),
+    prompt_fn=prompt_fn,
     correct_fn=correct_fn or functools.partial(rewards.is_correct, task=task),
     answer_fn=answer_fn or functools.partial(rewards.answer_key, task=task),
   )
@@ -208,10 +213,9 @@ def evaluate_model(
     unit="problem",
     disable=not (progress and tty),
   )
-  already = len(records)
-  marks = progress_marks(len(examples), already) if log_progress else set()
-  if log_progress and already < len(examples):
-    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), already, n)
+  marks = progress_marks(len(examples), done) if log_progress else set()
+  if log_progress and done < len(examples):
+    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), done, n)
   for start in range(0, len(examples), batch_size):
     block = range(start, min(start + batch_size, len(examples)))
     if all(i in records for i in block):
@@ -221,6 +225,7 @@ def evaluate_model(
       raise EvaluationStopped(f"{label}: stopped before problem {start} of {len(examples)}")
     block_key = jax.random.fold_in(task_key, start // batch_size)
     for i, scored in scorer.score_block(examples, block, set(records), block_key):
+      scored = samples.take(i, examples[i], scored)  # its samples line first: no duplicate
       records[i] = eval_results.make_record(i, examples[i], scored)
       if jsonl is not None:
         eval_results.append_record(jsonl, records[i])
@@ -231,31 +236,26 @@ def evaluate_model(
       bar.update(1)
       if len(records) in marks:
         elapsed = time.perf_counter() - t0
-        eta = elapsed / (len(records) - already) * (len(examples) - len(records))
-        log.info(
-          "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s",
-          label,
-          len(records),
-          len(examples),
-          pass_at_1,
-          format_seconds(elapsed),
-          format_seconds(eta),
-        )
+        eta = elapsed / (len(records) - done) * (len(examples) - len(records))
+        times = format_seconds(elapsed), format_seconds(eta)
+        line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
+        log.info(line, label, len(records), len(examples), pass_at_1, *times)
   bar.close()
   seconds = time.perf_counter() - t0
   if jsonl is not None and scorer.calls:
     eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
   ordered = [records[i] for i in sorted(records)]
-  summary = summarize(ordered, ks=ks)
+  summary = eval_results.summarize(ordered, ks=ks)
   if out_dir is not None and report:
-    write_report({label: summary}, out_dir)
+    eval_results.write_report({label: summary}, out_dir)
   timing = {
     "seconds": seconds,
     "generate_calls": scorer.calls,
     "new_tokens": scorer.new_tokens,
     "tokens_per_s": scorer.new_tokens / max(seconds, 1e-9),
   }
-  log.info("%s: %s (%.1f s)", label, eval_results.one_line(summary), seconds)
+  level = logging.INFO if log_progress else logging.DEBUG  # periodic: the caller's own line
+  log.log(level, "eval %s: %s (%.1f s)", label, eval_results.one_line(summary), seconds)
   return {**summary, "label": label, "task": task, "records": ordered, "timing": timing}
 
 
@@ -311,7 +311,7 @@ def evaluate_tasks(
   _check(bool(averaged), "tasks average", labels, "at least one task must enter the average")
   macro = eval_results.macro({label: summaries[label] for label in averaged})
   if out_dir is not None:
-    write_report(summaries, out_dir, averaged=averaged)
+    eval_results.write_report(summaries, out_dir, averaged=averaged)
   return {"tasks": results, "macro": macro, "macro_tasks": averaged}
 
 
@@ -320,14 +320,8 @@ class Evaluator:
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
     ev = config.eval
-    for name in (
-      "limit",
-      "num_samples",
-      "max_new_tokens",
-      "batch_size",
-      "periodic_limit",
-      "periodic_num_samples",
-    ):
+    names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
+    for name in names.split():
       positive_int(ev[name], f"eval.{name}")
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
@@ -336,7 +330,7 @@ class Evaluator:
     self.examples = run_data.load_examples(section, "eval", options=options)
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
-    self.extra = extra_eval_tasks(ev, taken={self.label})
+    self.extra = extra_eval_tasks(section, taken={self.label})
 
   def _kwargs(self, num_samples: int) -> dict[str, Any]:
     ev = self.config
@@ -397,6 +391,7 @@ class Evaluator:
       [TaskSpec(self.label, self.task, self.examples), *self.extra],
       out_dir=out_dir,
       log_progress=True,
+      keep_samples=int(self.config.keep_samples),
       run_info=run_info,
       should_stop=should_stop,
       **self._kwargs(n),
@@ -404,10 +399,12 @@ class Evaluator:
 
 
 def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:
-  """(config.eval as a dict, the name that scores it, its label). Task "file" reads eval.path,
-  else data.path (the training file: logged as a warning), and scores with data.reward."""
+  """(config.eval as a dict, plus config.progress, the name that scores it, its label). Task
+  "file" reads eval.path, else data.path (the training file: logged as a warning), and scores
+  with data.reward."""
   ev = config.eval
   section = {k: ev[k] for k in ev.keys()}
+  section["progress"] = bool(config.get("progress", True))  # TFDS's bars (run_data)
   if ev.task != data.FILE_TASK:
     return section, ev.task, task_label(ev.task)
   if not section.get("path"):

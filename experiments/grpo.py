@@ -14,6 +14,7 @@ input of step g is a function of (seed, g), a resumed run repeats the uninterrup
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 
 from es_jax import grpo_train
 from es_jax.rewards import failure_metrics
-from experiments import config_check, run_context, run_data, train_loop
+from experiments import config_check, run_context, run_data, samples_log, train_loop
 
 ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
 MASTER_DTYPES = ("float32", "")
@@ -123,6 +124,9 @@ def train(
     values.update({f"adv/{k}": float(np.mean(v)) for k, v in jax.device_get(adv_stats).items()})
     values.update({f"grpo/{k}": float(np.mean(v)) for k, v in jax.device_get(update).items()})
     values["tokens_per_second"] = float(host.lengths.sum()) / max(loop.step_seconds(), 1e-9)
+    std = ADVANTAGE_STD[cfg.advantage_std]
+    rows = functools.partial(samples_log.grpo_rows, ctx.tokenizer, examples, host, rewards, std=std)
+    loop.log_samples(step, rows)
     loop.end_step(step, state, values, params=state.params)
   finished = loop.close()
   return train_loop.StageResult(state.params, finished)

@@ -50,6 +50,7 @@ import yaml
 from etils import epath
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"  # training completions (experiments.samples_log)
 TENSORBOARD_DIR = "tensorboard"
 VERSIONS_FILE = "versions.json"
 _RESERVED = ("step", "stage", "time")
@@ -207,6 +208,23 @@ def _parse_lines(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
   return rows, bad
 
 
+def drop_lines_after(path: epath.Path, resume_step: int | None) -> list[dict[str, Any]]:
+  """The rows of a jsonl of {"step": int, ...} lines; unreadable lines and (unless
+  `resume_step` is None) lines past `resume_step` are dropped from the file, with a warning for
+  the unreadable ones."""
+  lines = path.read_text().splitlines() if path.exists() else []
+  rows, bad = _parse_lines(lines)
+  kept = [r for r in rows if resume_step is None or r["step"] <= resume_step]
+  if bad or len(kept) < len(rows):
+    # Rewrite through a temporary file and a rename, so a crash here loses no line.
+    tmp = path.parent / (path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+    if bad:
+      warnings.warn(f"{path}: dropped {bad} unreadable line(s).", stacklevel=4)
+  return kept
+
+
 def _write_json_keep_previous(path: epath.Path, data: dict[str, Any], what: str) -> None:
   """Writes JSON; a different existing file is kept as `<stem>.<n>.json`, with a warning."""
   if path.exists():
@@ -286,7 +304,7 @@ class RunLogger:
     self._sync_secs, self._last_sync = sync_secs, time.monotonic()
 
     if self._sync_to is not None:  # continue from the workdir's files, if any
-      for name in (METRICS_FILE, "config.json", VERSIONS_FILE):
+      for name in (METRICS_FILE, SAMPLES_FILE, "config.json", VERSIONS_FILE):
         if (self.workdir / name).exists():
           (self.workdir / name).copy(self.local_dir / name, overwrite=True)
     self._open_metrics(self.local_dir / METRICS_FILE, resume_step)
@@ -316,16 +334,7 @@ class RunLogger:
     self.sync()
 
   def _open_metrics(self, path: epath.Path, resume_step: int | None) -> None:
-    lines = path.read_text().splitlines() if path.exists() else []
-    rows, bad = _parse_lines(lines)
-    kept = [r for r in rows if resume_step is None or r["step"] <= resume_step]
-    if bad or len(kept) < len(rows):
-      # Rewrite through a temporary file and a rename, so a crash here loses no line.
-      tmp = path.parent / (path.name + ".tmp")
-      tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-      os.replace(tmp, path)
-      if bad:
-        warnings.warn(f"{path}: dropped {bad} unreadable line(s).", stacklevel=3)
+    kept = drop_lines_after(path, resume_step)
     self._last_step = max((r["step"] for r in kept), default=None)
     self._file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
 
@@ -368,6 +377,11 @@ class RunLogger:
     now = time.time()
     for name, v in _flatten(metrics).items():
       self._summarise(name, to_json_value(v, name=name), int(step), now)
+
+  def text(self, tag: str, markdown: str, step: int) -> None:
+    """A TensorBoard text summary (markdown) at `step`, e.g. sampled completions."""
+    if self._writer is not None:
+      self._writer.add_text(tag, markdown, int(step))
 
   def _summarise(self, name: str, value: Any, step: int, walltime: float) -> None:
     if isinstance(value, bool | int | float) or value is None:

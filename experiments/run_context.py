@@ -116,7 +116,8 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     format_seconds(time.perf_counter() - t0),
   )
   keys = run_data.run_keys(config.seed)
-  examples = run_data.load_examples(config.data, "data", options=run_data.file_options(config.data))
+  section = {**config.data.to_dict(), "progress": bool(config.progress)}
+  examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
   with config_check.user_errors("config.data.reward"):
     reward = rewards.get_reward(run_data.reward_name(config.data))
   evaluator = evaluate.Evaluator(config, tokenizer, keys)

@@ -70,7 +70,8 @@ def load_examples(
   options: Mapping[str, Any] | None = None,
 ):
   """The examples of config.data or config.eval (`field` names the section in errors); task
-  "file" reads `section["path"]` with `options` (`file_options`)."""
+  "file" reads `section["path"]` with `options` (`file_options`); `section["progress"]` (default
+  True) shows TFDS's bars while a dataset is prepared."""
   limit = section.get("limit") if limit is None else limit
   if section.get("task") == data.FILE_TASK:
     path = section.get("path") or ""
@@ -83,7 +84,9 @@ def load_examples(
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
   with config_check.user_errors(f"config.{field}"):
-    examples = data.load_task(split=split, limit=limit, **kwargs)
+    examples = data.load_task(
+      split=split, limit=limit, progress=bool(section.get("progress", True)), **kwargs
+    )
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
   return examples
 

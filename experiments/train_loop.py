@@ -25,9 +25,16 @@ from etils import epath
 from es_jax import checkpoint as checkpoint_lib
 from es_jax import metrics
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
-from experiments import evaluate, model_io, report, run_context, run_data
+from experiments import evaluate, model_io, report, run_context, run_data, samples_log
 from experiments.config_check import ConfigError, check, positive_int
-from experiments.logger import METRICS_FILE, ProgressBar, RunLogger, StepTimer, read_metrics
+from experiments.logger import (
+  METRICS_FILE,
+  ProgressBar,
+  RunLogger,
+  StepTimer,
+  format_seconds,
+  read_metrics,
+)
 
 log = logging.getLogger(__name__)
 
@@ -161,19 +168,20 @@ class Loop:
       resume = stage.offset + self.start
       log.info("%s: resumed from step %d of %d", stage.name, self.start, stage.num_steps)
     if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
-      self.logger = RunLogger(
-        ctx.workdir, config=ctx.config, resume_step=None, data_sources=ctx.data_sources
-      )
+      resume = None
     elif restored is None and stage.offset == 0:  # a fresh run: drop a killed attempt's lines
-      self.logger = RunLogger(
-        ctx.workdir, config=ctx.config, resume_step=-1, data_sources=ctx.data_sources
-      )
-      if ctx.config.eval.every > 0 and not self.preempt.should_stop():  # the base model, step 0
-        self.logger.log(0, ctx.evaluator.periodic(ctx.base_params, ctx.model_config))
-    else:
-      self.logger = RunLogger(
-        ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
-      )
+      resume = -1
+    self.logger = RunLogger(
+      ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
+    )
+    self.samples = samples_log.TrainSamples(
+      self.logger,
+      every=int(ctx.config.log_samples_every),
+      count=int(ctx.config.log_samples),
+      resume_step=resume,
+    )
+    if resume == -1 and ctx.config.eval.every > 0 and not self.preempt.should_stop():
+      self.logger.log(0, self._periodic(ctx.base_params, 0))  # the base model
     self.stopped = False
     self.bar = ProgressBar(
       stage.num_steps,
@@ -223,8 +231,23 @@ class Loop:
     if self._own_handler:
       self.preempt.uninstall()
 
+  def _periodic(self, params, step: int) -> dict[str, float]:
+    """The periodic evaluation at global `step` ("eval/..." metrics), with its own log line."""
+    t0 = time.perf_counter()
+    values = self.ctx.evaluator.periodic(params, self.ctx.model_config)
+    shown = [f"{k[5:]} {v:.3f}" for k, v in values.items() if k[5:].startswith(("greedy", "pass@"))]
+    when = f"step {step}" + (" (before training)" if step == 0 else "")
+    seconds = format_seconds(time.perf_counter() - t0)
+    log.info("periodic eval at %s: %s | %s", when, " ".join(shown), seconds)
+    return values
+
   def log(self, step: int, values: Mapping[str, Any]) -> None:
     self.logger.log(self.stage.offset + step, values, stage=self.stage.label)
+
+  def log_samples(self, step: int, rows) -> None:
+    """A few completions of local `step` into samples.jsonl when due (`rows(count)` makes them,
+    called only then; experiments.samples_log). Call before `end_step`, which checkpoints it."""
+    self.samples.log(self.stage.offset + step, rows, stage=self.stage.label)
 
   def steps(self):
     """Local steps start+1 .. num_steps; none after a SIGTERM. A SIGTERM during the last step
@@ -260,7 +283,7 @@ class Loop:
     if params is not None:
       values["drift"] = float(metrics.relative_drift(params, self.ctx.base_params))
       if self.ctx.evaluator.due(step, self.stage.num_steps):
-        values.update(self.ctx.evaluator.periodic(params, self.ctx.model_config))
+        values.update(self._periodic(params, self.stage.offset + step))
     values["step_seconds"] = self.step_seconds()
     per_step = run_data.samples_per_step(self.ctx.config, self.stage.name)
     values["train/samples"] = self.stage.samples_offset + step * per_step

@@ -293,3 +293,29 @@ def test_resuming_another_methods_checkpoints_without_config_json_is_one_line(tm
     message.startswith(f"{tmp_path} holds checkpoints of a method='es' run") and "\n" not in message
   )
   assert "--config.method=es" in message
+
+
+def test_printed_config_shows_only_the_groups_the_method_reads():
+  groups = {k for k, v in base.base_config().items() if isinstance(v, ml_collections.ConfigDict)}
+  assert set(base.METHOD_GROUPS) == set(base.METHODS)
+  assert all(set(used) <= groups for used in base.METHOD_GROUPS.values())
+
+  def shown(**overrides):
+    c = base.base_config()
+    c.update(overrides)
+    lines = config_check.compact(c).splitlines()
+    assert lines[0].startswith("config: ") and " method=" in lines[0]  # top-level fields: always
+    return {ln.split(":")[0].strip() for ln in lines[1:]}
+
+  assert shown(method="es") == {"model", "data", "eval", "checkpoint", "mesh", "es"}
+  assert shown(method="grpo") == {"model", "data", "eval", "checkpoint", "mesh", "grpo"}
+  assert shown(method="evaluate") == {"model", "eval"}
+  file_eval = base.base_config()
+  file_eval.method, file_eval.eval.task = "evaluate", "file"  # its fields and reward: data's
+  assert {ln.split(":")[0].strip() for ln in config_check.compact(file_eval).splitlines()[1:]} == {
+    "model",
+    "eval",
+    "data",
+  }
+  assert shown(method="fair_study") >= {"es", "grpo", "fair", "diversity", "demo"}
+  assert "population_sweep" not in shown(method="demo")

@@ -109,6 +109,46 @@ def test_changed_source_files_are_prepared_again(tmp_path):
   assert len(data.load_task("gsm8k", "test", data_dir=str(tmp_path / "tfds"))) == 2
 
 
+@pytest.mark.parametrize("progress", [True, False])
+def test_preparing_prints_nothing_and_bars_follow_progress(tmp_path, capsys, monkeypatch, progress):
+  # Nothing is downloaded: no TFDS "Downloading ..." / "downloaded and prepared" lines on stdout,
+  # no warning about the missing directory; the bars (on a terminal) only with progress=True,
+  # and TFDS's global switch is restored after.
+  from es_jax.data import builders
+
+  write(tmp_path / "src/test.jsonl", jsonl(GSM8K_ROWS))
+  monkeypatch.setattr(builders.sys.stderr, "isatty", lambda: True, raising=False)
+  shown = []
+  real = builders.tfds.display_progress_bar
+  monkeypatch.setattr(
+    builders.tfds, "display_progress_bar", lambda on: shown.append(on) or real(on)
+  )
+  capsys.readouterr()
+  with _no_warnings():
+    assert len(load(tmp_path, "gsm8k", "test", progress=progress)) == 3
+  out = capsys.readouterr()
+  assert "download" not in (out.out + out.err).lower()
+  assert shown == [progress, True]
+  shown.clear()
+  load(tmp_path, "gsm8k", "test", progress=progress)  # prepared already: no bars at all
+  assert shown == []
+
+
+class _no_warnings(logging.Handler):
+  """Fails on any WARNING logged (absl's included) while active."""
+
+  def __enter__(self):
+    logging.getLogger().addHandler(self)
+    return self
+
+  def __exit__(self, *exc):
+    logging.getLogger().removeHandler(self)
+
+  def emit(self, record):
+    if record.levelno >= logging.WARNING:
+      raise AssertionError(record.getMessage())
+
+
 def test_prepared_data_is_keyed_by_source_dir(tmp_path):
   tfds_dir = str(tmp_path / "tfds")
   write(tmp_path / "a/test.jsonl", jsonl(GSM8K_ROWS[:1]))

@@ -19,6 +19,7 @@ from experiments.configs import demo as demo_config
 
 N, BATCH, NEW_TOKENS = 4, 8, 8
 SETTINGS = dict(num_samples=N, batch_size=BATCH, max_new_tokens=NEW_TOKENS, temperature=1.0)
+KEEP = 4  # problems whose completions go to toy.samples.jsonl
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,7 @@ def run_toy(model, tok, examples, out_dir=None, **kwargs):
     correct_fn=toy_correct,
     answer_fn=toy_answer,
     save_text=True,
+    keep_samples=KEEP,
   )
   options.update(kwargs)
   return evaluate.evaluate_model(model, None, tok, examples, out_dir=out_dir, **options)
@@ -91,6 +93,42 @@ def test_writes_files_with_consistent_numbers(full_run):
   assert 0 < row["mean_entropy"] <= np.log(256) + 1e-4  # nats, below ln(vocab)
   md = open(os.path.join(out_dir, "table.md")).read()
   assert "| toy |" in md and "| macro average |" in md and f"{row['pass@1']:.3f}" in md
+
+
+SAMPLES = "toy.samples.jsonl"
+
+
+def test_samples_file_holds_prompts_completions_answers_and_verdicts(tiny, full_run, tmp_path):
+  results, out_dir = full_run
+  lines = eval_results.read_records(os.path.join(out_dir, SAMPLES))
+  assert [ln["index"] for ln in lines] == list(range(KEEP))  # the first KEEP problems only
+  examples = toy_examples()
+  for line, record in zip(lines, results["records"], strict=False):
+    assert line["id"] == record["id"] and line["gold"] == "x"
+    assert line["prompt"] == data.format_prompt(examples[line["index"]], tiny[1])
+    texts = [s["completion"] for s in line["samples"]]
+    assert texts == record["texts"] and len(texts) == N
+    assert [s["answer"] for s in line["samples"]] == [toy_answer(t) for t in texts]
+    assert [s["correct"] for s in line["samples"]] == record["correct"]
+    assert line["greedy"]["completion"] == record["greedy_text"]
+    assert line["greedy"]["correct"] == int(record["greedy_correct"])
+  assert 0 < sum(s["correct"] for ln in lines for s in ln["samples"]) < KEEP * N
+  # A crash after a samples line but before its record: the rerun redoes the problem, not the
+  # line. Without save_text the records hold no texts, the samples file still does.
+  for name in ("toy.jsonl", "toy.meta.json", SAMPLES):
+    text = open(os.path.join(out_dir, name)).read()
+    if name == "toy.jsonl":
+      text = "".join(text.splitlines(keepends=True)[:2])
+    (tmp_path / name).write_text(text)
+  (tmp_path / SAMPLES).write_text((tmp_path / SAMPLES).read_text() + '{"index": 9, "torn')
+  redone = run_toy(*tiny, examples, str(tmp_path), save_text=False)
+  assert (tmp_path / SAMPLES).read_text() == open(os.path.join(out_dir, SAMPLES)).read()
+  new = [r for r in redone["records"] if r["index"] >= 2]  # the first two: copied, with texts
+  assert new and all("texts" not in r and "greedy_text" not in r for r in new)
+  run_toy(*tiny, examples[:2], str(tmp_path / "fresh"), keep_samples=0)
+  assert not (tmp_path / "fresh" / SAMPLES).exists()
+  run_toy(*tiny, examples[:2], str(tmp_path), resume=False, keep_samples=1)  # starts over
+  assert [ln["index"] for ln in eval_results.read_records(str(tmp_path / SAMPLES))] == [0]
 
 
 def test_macro_average_covers_only_the_averaged_tasks(tmp_path):
@@ -157,11 +195,14 @@ def test_interrupted_run_resumes_to_identical_results(tiny, full_run, tmp_path):
   with pytest.raises(Stop):
     run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=crash_after_three)
   assert len(eval_results.read_records(str(tmp_path / "toy.jsonl"))) == 3
+  assert [r["index"] for r in eval_results.read_records(str(tmp_path / SAMPLES))] == [0, 1, 2]
   resumed = []
   results = run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=resumed.append)
   assert [r["index"] for r in resumed] == list(range(3, 10))  # finished problems are skipped
   assert results["records"] == full_run[0]["records"]
   assert eval_results.read_records(str(tmp_path / "toy.jsonl")) == full_run[0]["records"]
+  # Each kept problem's samples line once, as an uninterrupted run writes them.
+  assert (tmp_path / SAMPLES).read_text() == open(os.path.join(full_run[1], SAMPLES)).read()
   table = (tmp_path / "table.json").read_text()
   assert table == open(os.path.join(full_run[1], "table.json")).read()
 

@@ -260,10 +260,19 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
   from experiments.configs import demo
 
   config = ml_collections.ConfigDict(demo.get_config("smoke").to_dict())
-  config.method, config.progress, config.eval.every = "es", False, 0
+  config.method, config.progress, config.eval.every = "es", False, 5
   config.checkpoint.async_save = False
+  # The base model's periodic evaluation (step 0) has a line of its own, saying so.
+  evaluator = types.SimpleNamespace(
+    periodic=lambda params, model_config: {"eval/greedy": 0.25, "eval/pass@1": 0.5, "eval/x": 1.0}
+  )
   ctx = types.SimpleNamespace(
-    config=config, workdir=str(tmp_path), base_params=None, data_sources={}
+    config=config,
+    workdir=str(tmp_path),
+    base_params=None,
+    model_config=None,
+    evaluator=evaluator,
+    data_sources={},
   )
   stage = train_loop.Stage("es", 2, str(tmp_path / "checkpoints"))
   state = {"w": jnp.zeros(3)}
@@ -273,7 +282,8 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
   loop.close()
   lines = [r.getMessage() for r in caplog.records if r.name == "experiments.train_loop"]
   steps = [m for m in lines if " step " in m]
-  assert len(steps) == 2, lines
+  assert len(steps) == 3, lines
+  assert steps.pop(0).startswith("periodic eval at step 0 (before training): greedy 0.250 pass@1")
   assert steps[0].startswith("es step 1/2 | train/reward 0.5000 |") and "ETA" in steps[0]
   assert steps[1].startswith("es step 2/2 | train/reward 1.0000 |") and steps[1].endswith("ETA 0 s")
   assert (tmp_path / "checkpoints" / "2").exists()
@@ -284,4 +294,5 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
     assert orbax  # --verbosity=1 shows them
   rows = read_metrics(tmp_path)
   per_step = config.data.prompts_per_step * config.es.population_size
-  assert [r["train/samples"] for r in rows] == [per_step, 2 * per_step]
+  assert rows[0]["step"] == 0 and rows[0]["eval/greedy"] == 0.25
+  assert [r["train/samples"] for r in rows[1:]] == [per_step, 2 * per_step]

@@ -16,7 +16,7 @@ from run_configs import (
   smoke_config,
 )
 
-from es_jax import checkpoint
+from es_jax import checkpoint, rewards
 from es_jax.checkpoint import Checkpointer
 from experiments import demo, es, evaluate, grpo, run_data, sequential
 from experiments.configs import deepscaler_hard, gsm8k_easy
@@ -50,6 +50,22 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     samples = [r["train/samples"] for r in rows if "train/samples" in r]
     assert samples == sorted(set(samples)) and samples[-1] == total
     assert all(isinstance(r["train/reward"], float) for r in rows if "train/samples" in r)
+  # A few training completions per step, each with the reward its text scores (char_parity).
+  parity = rewards.get_reward("char_parity")
+  for name, stages in (("es", {None}), ("grpo", {None}), ("es_grpo", {"1_es", "2_grpo"})):
+    lines = _lines(tmp_path / name / "samples.jsonl")
+    steps = sorted({r["step"] for r in read_metrics(str(tmp_path / name)) if r["step"] > 0})
+    assert [ln["step"] for ln in lines] == [s for s in steps for _ in range(config.log_samples)]
+    assert {ln["stage"] for ln in lines} == stages
+    for ln in lines:
+      assert ln["reward"] == pytest.approx(parity(ln["completion"], {})), (name, ln)
+      assert ln["prompt"] and ("advantage" in ln if ln["method"] == "grpo" else "fitness" in ln)
+  assert len({ln["completion"] for ln in _lines(tmp_path / "es" / "samples.jsonl")}) > 1
+  # The final evaluation keeps its first problems' completions (eval.keep_samples).
+  (samples,) = [f for f in os.listdir(tmp_path / "es" / "eval") if f.endswith(".samples.jsonl")]
+  kept = _lines(tmp_path / "es" / "eval" / samples)
+  assert len(kept) == min(config.eval.keep_samples, config.eval.limit)
+  assert all(len(ln["samples"]) == config.eval.num_samples and ln["greedy"] for ln in kept)
   # The base evaluation records its config, versions and model like a training run.
   assert json.load(open(tmp_path / "base" / "config.json"))["method"] == "evaluate"
   assert "git_commit" in json.load(open(tmp_path / "base" / "versions.json"))
@@ -239,6 +255,8 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   jsonl = tmp_path / "eval" / f"{evaluate.task_label(config.eval.task)}.jsonl"
   first = _lines(jsonl)
   assert [r["index"] for r in first] == [0, 1]
+  samples = jsonl.with_name(jsonl.stem + ".samples.jsonl")
+  assert [r["index"] for r in _lines(samples)] == [0, 1]
   assert not (tmp_path / "eval" / "table.json").exists()
   assert not (tmp_path / "hf").exists() and not (tmp_path / "DONE").exists()
   monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
@@ -246,6 +264,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert (tmp_path / "DONE").exists() and (tmp_path / "hf" / "config.json").exists()
   records = _lines(jsonl)
   assert records[:2] == first and [r["index"] for r in records] == [0, 1, 2, 3]
+  assert [r["index"] for r in _lines(samples)] == [0, 1, 2, 3]  # none written twice
   assert json.load(open(tmp_path / "eval" / "table.json"))["macro"]["num_problems"] == 4
   # Extended to 2 steps: the 1-step model's evaluation is set aside (kept, not reused).
   longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)

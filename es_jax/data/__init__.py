@@ -129,6 +129,7 @@ def load_task(
   seed: int = 0,
   on_bad_row: str = "raise",
   task_config: dict[str, Any] | None = None,
+  progress: bool = True,
 ) -> TaskExamples:
   """Loads the examples of one task split.
 
@@ -151,6 +152,7 @@ def load_task(
       logged as a warning.
     task_config: reasoning-gym task config keywords, e.g. {"min_terms": 2, "max_terms": 2,
       "min_digits": 1, "max_digits": 1} for chain_sum. Must be None for file datasets.
+    progress: show TFDS's progress bars while a dataset is prepared (on a terminal only).
 
   Returns:
     A `TaskExamples` sequence of example dicts (see the module docstring).
@@ -185,7 +187,7 @@ def load_task(
     raise ValueError(f"load_task: task_config is for reasoning_gym tasks only, not {name!r}")
   from es_jax.data import builders  # imports tensorflow_datasets (module docstring)
 
-  builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir)
+  builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir, progress=progress)
   metadata = builder.info.metadata
   origin = {
     "source_dir": metadata.get("source_dir"),

@@ -40,6 +40,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, ClassVar
@@ -81,6 +82,10 @@ class LocalFileBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # `importlib_resources`, which tensorflow-datasets 4.9.10 does not install, and nothing is
     # downloaded here, so there is no file to find.
     return None
+
+  # TFDS prints "Downloading and preparing dataset ..." and "... downloaded and prepared" to
+  # stdout; nothing is downloaded here (the files are local): `prepare` logs its own lines.
+  _log_download_bytes = _log_download_done = lambda self: None  # noqa: E731
 
   def extra_features(self) -> dict[str, Any]:
     """Task-specific features stored next to "id", "question" and "answer"."""
@@ -378,7 +383,9 @@ def _publish(tmp: Path, target: Path, want: dict[str, list]) -> None:
     shutil.rmtree(stale, ignore_errors=True)
 
 
-def prepare(name: str, *, data_dir: str | None = None, source_dir: str | None = None):
+def prepare(
+  name: str, *, data_dir: str | None = None, source_dir: str | None = None, progress: bool = True
+):
   """Prepares dataset `name` from `source_dir` if needed, and returns its builder.
 
   Args:
@@ -388,6 +395,7 @@ def prepare(name: str, *, data_dir: str | None = None, source_dir: str | None = 
       (module docstring).
     source_dir: the directory holding the downloaded original files. None reads the one copy of
       `name` prepared under `data_dir`.
+    progress: show TFDS's progress bars while preparing (on a terminal only).
 
   Returns:
     A `LocalFileBuilder` whose data is prepared and whose metadata lists the bad rows, the source
@@ -425,14 +433,19 @@ def prepare(name: str, *, data_dir: str | None = None, source_dir: str | None = 
     )
   target = base / source_key(source_path)
   want = fingerprint(sources, source_dir=source_path)
-  builder = _builder(cls, target)
-  if builder.is_prepared():
+  # TFDS warns about a builder on a missing directory: look only when it is there.
+  builder = _builder(cls, target) if target.is_dir() else None
+  if builder is not None and builder.is_prepared():
     if builder.info.metadata.get("sources") == want:
       return builder
     log.info("%s: source files in %s changed; preparing again", name, source_path)
   base.mkdir(parents=True, exist_ok=True)
   tmp = base / f".tmp-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+  log.info("%s: preparing the files of %s (nothing is downloaded)", name, source_path)
+  bars = tfds.core.utils.tqdm_utils
+  shown = getattr(bars, "_active", True)  # TFDS's global switch, restored below
   try:
+    tfds.display_progress_bar(shown and progress and sys.stderr.isatty())
     _builder(cls, tmp).download_and_prepare(
       download_config=tfds.download.DownloadConfig(
         manual_dir=str(source_path),
@@ -442,7 +455,9 @@ def prepare(name: str, *, data_dir: str | None = None, source_dir: str | None = 
     )
     _publish(tmp, target, want)
   finally:
+    tfds.display_progress_bar(shown)
     shutil.rmtree(tmp, ignore_errors=True)
+  log.info("%s: prepared into %s", name, target)
   return _builder(cls, target)
 
 

@@ -43,6 +43,26 @@ METHODS = {
   "fair_study": "experiments.fair_study:run",
 }
 
+_TRAINING_GROUPS = ("model", "data", "eval", "checkpoint", "mesh")
+# The config groups each method reads (the printed config shows these, plus the top-level
+# fields); method="evaluate" reads `data` too when eval.task is "file" (its fields and reward).
+METHOD_GROUPS = {
+  "es": (*_TRAINING_GROUPS, "es"),
+  "grpo": (*_TRAINING_GROUPS, "grpo"),
+  "sequential": (*_TRAINING_GROUPS, "es", "grpo", "sequential"),
+  "evaluate": ("model", "eval"),
+  "demo": (*_TRAINING_GROUPS, "es", "grpo", "sequential", "demo"),
+  "sparsity": ("model", "eval", "sparsity"),
+  "population_sweep": (*_TRAINING_GROUPS, "es", "population_sweep"),
+  "diversity": ("model", "eval", "es", "mesh", "diversity"),
+  "report": ("report",),
+  "calibrate": ("model", "data", "es", "mesh", "diversity"),
+  "fair_study": (
+    *_TRAINING_GROUPS,
+    *("es", "grpo", "sequential", "demo", "diversity", "sparsity", "fair"),
+  ),
+}
+
 
 def base_config() -> ml_collections.ConfigDict:
   """All fields with defaults (the paper's where it gives one); unlocked, callers lock."""
@@ -102,6 +122,9 @@ def base_config() -> ml_collections.ConfigDict:
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
     periodic_num_samples=4,
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
+    # The final evaluation's prompt, completions, extracted answers and verdicts of the first
+    # `keep_samples` problems of each task, in eval/<label>.samples.jsonl (0 = none)
+    keep_samples=16,
     # More tasks for the final evaluation (macro-averaged with `task`): task names, or dicts
     # {task, split, limit, task_config, data_dir, source_dir, on_bad_row, label, average}; split,
     # limit, data_dir and on_bad_row default to this section's; average=False: a row of its own,
@@ -181,6 +204,12 @@ def base_config() -> ml_collections.ConfigDict:
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
   c.progress = True
+  # Training completions for reading what the model wrote (experiments/samples_log.py): every
+  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
+  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
+  # and TensorBoard text.
+  c.log_samples_every = 10
+  c.log_samples = 4
   # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
   # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
   c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
@@ -269,6 +298,7 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
   )
   c.sequential.update(total_steps=4)
   c.checkpoint.update(every=1, keep=2)
+  c.log_samples_every = 1
   c.diversity.update(
     limit=2, num_samples=2, prompts_per_call=2, pol_prompts=1, pol_samples=2, bootstrap=200
   )
