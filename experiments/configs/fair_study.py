@@ -63,7 +63,9 @@ def get_config(variant: str | None = None):
   c.eval.update(
     limit=128, num_samples=16, ks=(1, 2, 4, 8, 16), batch_size=68, every=0, max_new_tokens=32
   )
-  c.diversity.update(limit=16, num_samples=8, prompts_per_call=2, pol_prompts=2, pol_samples=2)
+  # One call per member for all 16 problems x 8 samples (128 rows): a member's perturbation is
+  # built once per σ, not once per prompt block.
+  c.diversity.update(limit=16, num_samples=8, prompts_per_call=16, pol_prompts=2, pol_samples=2)
   c.checkpoint.update(every=5, keep=2)
   if variant == "smoke":
     smoke(c, preset="tiny-llama", data=None, eval_data=None)
