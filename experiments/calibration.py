@@ -28,6 +28,7 @@ is recommended and the table says which rule failed. Writes workdir/calibration/
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any
@@ -37,7 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import models, noise, population, rewards, sampling
+from es_jax import checkpoint, models, noise, population, rewards, sampling
 from experiments import config_check, diversity, eval_results, model_io, run_data
 
 log = logging.getLogger(__name__)
@@ -190,78 +191,81 @@ def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
   )
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """`method="calibrate"`: the table of the module docstring; returns its path and σ."""
-  config_check.validate(config)
-  d = config.diversity
-  sigmas = [float(s) for s in d.sigmas]
-  model, tokenizer = model_io.load_model(config.model, seed=config.seed)
-  source = dict(
-    model_config=model.config,
-    tokenizer=tokenizer,
-    seed=int(config.seed),
-    es=config.es,
-    ckpt_dir=None,
-  )
-  source = diversity.at_step(source, models.params(model), 0)
-  examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))
+def base_answers(source, examples, score, max_new_tokens: int) -> dict[str, Any]:
+  """The base model's greedy completions of `examples`: prompts, decoding, rewards and texts."""
+  tokenizer = source["tokenizer"]
   ids, mask = run_data.encode_examples(tokenizer, examples)
-  score = run_data.make_scorer(tokenizer, rewards.get_reward(run_data.reward_name(config.data)))
   greedy = sampling.Decoding(
-    int(config.es.max_new_tokens),
-    0.0,
-    eos_ids=run_data.eos_ids(tokenizer),
-    pad_id=sampling.pad_id(tokenizer),
+    max_new_tokens, 0.0, eos_ids=run_data.eos_ids(tokenizer), pad_id=sampling.pad_id(tokenizer)
   )
   out = sampling.generate(
     source["params"],
     ids,
     mask,
     key=source["step_key"],
-    config=model.config,
+    config=source["model_config"],
     **greedy.generate_kwargs(),
   )
-  b_tokens, b_mask = np.asarray(out.tokens), np.asarray(out.mask, bool)
-  base = {
-    "ids": ids,
-    "mask": mask,
-    "decoding": greedy,
-    "rewards": score(b_tokens, b_mask, examples),
-    "texts": [
-      tokenizer.decode(t[m], skip_special_tokens=True)
-      for t, m in zip(b_tokens, b_mask, strict=True)
-    ],
-  }
+  tokens, tmask = np.asarray(out.tokens), np.asarray(out.mask, bool)
+  texts = [
+    tokenizer.decode(t[m], skip_special_tokens=True) for t, m in zip(tokens, tmask, strict=True)
+  ]
+  rewards_ = score(tokens, tmask, examples)
+  return {"ids": ids, "mask": mask, "decoding": greedy, "rewards": rewards_, "texts": texts}
+
+
+def measure_sigma(config, source, params32, base, examples, score, sigma: float, key) -> dict:
+  """One σ's row of the table (module docstring); `key` draws the sampled completions."""
+  sub = ml_collections.ConfigDict(config.to_dict())
+  sub.diversity.sigma = sigma
+  study = diversity.Study(sub, source)
+  spec = noise.NoiseSpec(
+    study.members,
+    antithetic=bool(config.es.antithetic),
+    rank=int(config.es.rank) or None,
+    low_rank_vectors=config.es.low_rank_vectors,
+  )
+  row = {"sigma": sigma, "members": study.members}
+  row.update(survival(params32, source["model_config"].jnp_dtype, source["step_key"], sigma, spec))
+  row.update(greedy_row(study, spec, base, examples, sigma, score))
+  sampled = study.measure("es", examples, key)
+  row.update({k: sampled[k] for k in ("js_succ", "js_succ_ci", "js_pol", "pass@1", "counts")})
+  message = "calibrate σ=%g: changed %.3f fitness %.3f (base %.3f) JS_succ %.4f"
+  base_fitness = float(base["rewards"].mean())
+  log.info(message, sigma, row["changed"], row["fitness_mean"], base_fitness, row["js_succ"])
+  return row
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+  """`method="calibrate"`: the table of the module docstring; returns its path and σ, or
+  {"stopped": True} after a SIGTERM (the σ measured so far are kept for the rerun)."""
+  config_check.validate(config)
+  d = config.diversity
+  model, tokenizer = model_io.load_model(config.model, seed=config.seed)
+  source = dict(model_config=model.config, tokenizer=tokenizer, seed=int(config.seed), es=config.es)
+  source = diversity.at_step({**source, "ckpt_dir": None}, models.params(model), 0)
+  examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))
+  score = run_data.make_scorer(tokenizer, rewards.get_reward(run_data.reward_name(config.data)))
+  base = base_answers(source, examples, score, int(config.es.max_new_tokens))
   params32 = models.cast_params(source["params"], jnp.float32)
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0xCA1)
-  rows = []
-  for j, sigma in enumerate(sigmas):
-    sub = ml_collections.ConfigDict(config.to_dict())
-    sub.diversity.sigma = sigma
-    study = diversity.Study(sub, source)
-    spec = noise.NoiseSpec(
-      study.members,
-      antithetic=bool(config.es.antithetic),
-      rank=int(config.es.rank) or None,
-      low_rank_vectors=config.es.low_rank_vectors,
-    )
-    row = {"sigma": sigma, "members": study.members}
-    row.update(survival(params32, model.config.jnp_dtype, source["step_key"], sigma, spec))
-    row.update(greedy_row(study, spec, base, examples, sigma, score))
-    sampled = study.measure("es", examples, jax.random.fold_in(key, j))
-    row.update({k: sampled[k] for k in ("js_succ", "js_succ_ci", "js_pol", "pass@1", "counts")})
-    log.info(
-      "calibrate σ=%g: changed %.3f fitness %.3f (base %.3f) JS_succ %.4f",
-      sigma,
-      row["changed"],
-      row["fitness_mean"],
-      float(base["rewards"].mean()),
-      row["js_succ"],
-    )
-    rows.append(row)
-  sigma, note = recommend(rows, float(d.min_changed), float(d.fitness_tolerance))
   out_dir = os.path.join(workdir, "calibration")
   os.makedirs(out_dir, exist_ok=True)
+  partial = os.path.join(out_dir, "rows.partial.json")  # the σ measured before a stop
+  done = {}
+  if os.path.exists(partial):
+    with open(partial) as f:
+      done = {r["sigma"]: r for r in json.load(f)}
+  rows = []
+  for j, sigma in enumerate(float(s) for s in d.sigmas):
+    if sigma not in done:
+      if checkpoint.preempted():  # SIGTERM: a rerun measures the σ not yet in `partial`
+        return {"stopped": True}
+      key_j = jax.random.fold_in(key, j)
+      done[sigma] = measure_sigma(config, source, params32, base, examples, score, sigma, key_j)
+      eval_results.write_json(partial, list(done.values()))
+    rows.append(done[sigma])
+  sigma, note = recommend(rows, float(d.min_changed), float(d.fitness_tolerance))
   base_fitness = float(base["rewards"].mean())
   eval_results.write_json(
     os.path.join(out_dir, "table.json"),

@@ -60,8 +60,9 @@ def _sub(config: ml_collections.ConfigDict, **updates: Any) -> ml_collections.Co
   return sub
 
 
-def calibrated_sigma(config: ml_collections.ConfigDict, workdir: str) -> float:
-  """σ from the calibration stage (run here unless finished), or config.es.sigma."""
+def calibrated_sigma(config: ml_collections.ConfigDict, workdir: str) -> float | None:
+  """σ from the calibration stage (run here unless finished), or config.es.sigma; None when a
+  SIGTERM stopped the calibration (a rerun measures the σ it had not finished)."""
   if not config.fair.calibrate:
     return float(config.es.sigma)
   out = os.path.join(workdir, "calibration")
@@ -69,7 +70,8 @@ def calibrated_sigma(config: ml_collections.ConfigDict, workdir: str) -> float:
   if not os.path.exists(table):
     sub = _sub(config, method="calibrate")
     write_run_files(out, sub)
-    calibration.run(sub, out)
+    if calibration.run(sub, out).get("stopped"):
+      return None
   with open(table) as f:
     sigma = json.load(f)["recommended_sigma"]
   config_check.check(
@@ -232,6 +234,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)
   with checkpoint.sigterm_scope():
     sigma = calibrated_sigma(config, workdir)
+    if sigma is None:
+      return {"stopped": True}
     choice = run_pilots(config, workdir, sigma)
     if choice.get("stopped") or checkpoint.preempted():
       return {"stopped": True}

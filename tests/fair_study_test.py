@@ -100,3 +100,29 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   js_row = next(ln for ln in report.splitlines() if ln.startswith("| ES | ") and "±" in ln)
   assert "[" in js_row  # the diversity study's JS_succ interval is attached to the ES row
   assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")
+
+
+def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, monkeypatch):
+  config = smoke_config(fair_config, method="calibrate")
+  measured = []
+  real = calibration.measure_sigma
+
+  def counting(*args, **kwargs):
+    row = real(*args, **kwargs)
+    measured.append(row["sigma"])
+    return row
+
+  monkeypatch.setattr(calibration, "measure_sigma", counting)
+  calls = iter([False, True])  # SIGTERM arrives after the first σ
+  monkeypatch.setattr(calibration.checkpoint, "preempted", lambda: next(calls, True))
+  assert calibration.run(config, str(tmp_path)) == {"stopped": True}
+  first = config.diversity.sigmas[0]
+  assert measured == [first]
+  partial = json.load(open(tmp_path / "calibration" / "rows.partial.json"))
+  monkeypatch.setattr(calibration.checkpoint, "preempted", lambda: False)
+  result = calibration.run(config, str(tmp_path))
+  assert measured == list(config.diversity.sigmas)  # the rerun measured only the missing σ
+  table = json.load(open(tmp_path / "calibration" / "table.json"))
+  assert (
+    table["rows"][0] == partial[0] and result["recommended_sigma"] == table["recommended_sigma"]
+  )
