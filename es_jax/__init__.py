@@ -9,6 +9,7 @@ from es_jax import (
   fitness,
   grpo,
   grpo_train,
+  members,
   metrics,
   models,
   noise,
@@ -28,6 +29,7 @@ from es_jax.grpo import (
   token_logprobs,
   token_logprobs_from_logits,
 )
+from es_jax.members import Member, member, perturb_member
 from es_jax.models import (
   ModelConfig,
   Transformer,
@@ -44,7 +46,6 @@ from es_jax.noise import (
   member_key,
   member_noise,
   perturb,
-  perturb_member,
   sample_noise,
 )
 from es_jax.population import evaluate_population

@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import models, noise, population, rewards, sampling
+from es_jax import members, models, noise, population, rewards, sampling
 from experiments import config_check, diversity, eval_results, model_io, run_data
 
 log = logging.getLogger(__name__)
@@ -51,9 +51,7 @@ def survival(params32, compute_dtype, step_key, sigma: float, spec: noise.NoiseS
 
   @jax.jit
   def kept(p_tree, s, probe):
-    member = noise.perturb_member(
-      p_tree, step_key, 0, s, rank=spec.rank, low_rank_vectors=spec.low_rank_vectors
-    )
+    member = members.perturb_member(p_tree, step_key, 0, s, spec)
     num = den = 0.0
     for p, m in zip(jax.tree.leaves(p_tree), jax.tree.leaves(member), strict=True):
       rounded = m.astype(probe.dtype).astype(jnp.float32) - p.astype(probe.dtype)
