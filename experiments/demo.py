@@ -28,7 +28,7 @@ from typing import Any
 
 import ml_collections
 
-from es_jax import checkpoint
+from es_jax import preemption
 from experiments import config_check, es, evaluate, grpo, report, sequential
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
   for n in names:
     config_check.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
-  with checkpoint.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
+  with preemption.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
     base_dir = os.path.join(workdir, "base")
     if _table(base_dir) is None:
       log.info("demo: evaluating the base model into %s", base_dir)
@@ -93,13 +93,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if os.path.exists(os.path.join(sub_dir, "DONE")):
         log.info("demo: %s already finished in %s", name, sub_dir)
         continue
-      if checkpoint.preempted():
+      if preemption.preempted():
         return {"stopped": True}
       log.info("demo: %s (%d of %d) into %s", name, names.index(name) + 1, len(names), sub_dir)
       result = runner(_sub_config(config, method, order, shaping), sub_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    if checkpoint.preempted():
+    if preemption.preempted():
       return {"stopped": True}
     return {"stopped": False, "report": write_report(config, workdir, ["base", *names])}
 
