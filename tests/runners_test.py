@@ -20,6 +20,7 @@ from run_configs import (
 from es_jax import integrity, preemption
 from es_jax.checkpoint import Checkpointer
 from experiments import demo, es, evaluate, grpo, run_data, sequential, train_loop
+from experiments.config_check import ConfigError
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
@@ -329,3 +330,20 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
     r["time"] for r in before if r["stage"] == "1_grpo"
   ]
 
+
+def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monkeypatch):
+  # A ValueError raised while a step runs (a reward returning the wrong shape, bad data) is
+  # reported as itself; only the config's own errors are ConfigErrors ("config.es: ...").
+  def broken(*args, **kwargs):
+    raise ValueError("score_fn returned shape (3,) for member 0, expected (4,)")
+
+  monkeypatch.setattr(es.population, "evaluate_population", broken)
+  config = _config(
+    demo_config, method="es", es__num_steps=1, eval__every=0, eval__final=False, export_hf=False
+  )
+  with pytest.raises(ValueError, match="score_fn returned shape") as info:
+    es.run(config, str(tmp_path))
+  assert not isinstance(info.value, ConfigError) and not str(info.value).startswith("config.")
+  config.es.antithetic, config.es.population_size = True, 3
+  with pytest.raises(ConfigError, match=r"config.es: population_size=3 is odd"):
+    es.noise_spec(config.es)
