@@ -237,12 +237,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     sub = ml_collections.ConfigDict(config.to_dict())
     sub.diversity.sigma = sigma
     study = diversity.Study(sub, source)
-    spec = noise.NoiseSpec(
-      study.members,
-      antithetic=bool(config.es.antithetic),
-      rank=int(config.es.rank) or None,
-      low_rank_vectors=config.es.low_rank_vectors,
-    )
+    spec = study.spec  # the population's noise, as the study samples it
     row = {"sigma": sigma, "members": study.members}
     row.update(survival(params32, model.config.jnp_dtype, source["step_key"], sigma, spec))
     row.update(greedy_row(study, spec, base, examples, sigma, score))
