@@ -9,10 +9,13 @@ from es_jax import (
   fitness,
   grpo,
   grpo_train,
+  integrity,
+  members,
   metrics,
   models,
   noise,
   population,
+  preemption,
   rewards,
   sampling,
   sharding,
@@ -28,6 +31,7 @@ from es_jax.grpo import (
   token_logprobs,
   token_logprobs_from_logits,
 )
+from es_jax.members import Member, member, perturb_member
 from es_jax.models import (
   ModelConfig,
   Transformer,
@@ -44,7 +48,6 @@ from es_jax.noise import (
   member_key,
   member_noise,
   perturb,
-  perturb_member,
   sample_noise,
 )
 from es_jax.population import evaluate_population

@@ -1,4 +1,4 @@
-"""Checkpoints of a training run: an Orbax `CheckpointManager` wrapper, and a SIGTERM flag.
+"""Checkpoints of a training run: an Orbax `CheckpointManager` wrapper with integrity checks.
 
 One checkpoint holds three items, each in its own subdirectory of `<directory>/<step>/`:
 
@@ -31,29 +31,26 @@ naming its path; once an older one restores, the unreadable newer ones are moved
 `<step>.corrupt` so that the resumed run can save those steps again.
 
 Paths may be local or gs:// (anything `etils.epath` opens); they are passed through to Orbax.
+Stopping a run on SIGTERM (save, then exit 0) is `es_jax.preemption`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import logging
 import os
-import signal
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
-from es_jax import noise
+from es_jax import integrity
+from es_jax.integrity import CorruptCheckpointError
 
 _log = logging.getLogger(__name__)
 
@@ -62,10 +59,6 @@ _COMMIT_MARKER = "commit_success.txt"  # written last by Orbax 0.12 on every fil
 
 class CorruptCheckpointWarning(UserWarning):
   """A checkpoint could not be restored and an older one was used instead."""
-
-
-class CorruptCheckpointError(ValueError):
-  """A checkpoint read without error, but its contents disagree with its integrity manifest."""
 
 
 class NoCheckpointError(FileNotFoundError):
@@ -99,174 +92,6 @@ def _abstract_leaf(x: Any, default_sharding: jax.sharding.Sharding) -> Any:
     return x
   sharding = None if isinstance(x, np.ndarray) else x.sharding
   return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding or default_sharding)
-
-
-# ---------------------------------------------------------------------------------------------
-# Integrity digests
-
-_MANIFEST_VERSION = 1
-_FILES_MANIFEST = "integrity_files.json"
-_DIGEST = "u32-weighted-sum-x2"  # see _leaf_digest
-
-
-def _fmix32(h: jax.Array) -> jax.Array:
-  """MurmurHash3's 32-bit finaliser: a bijection of uint32 that mixes every input bit."""
-  h = h ^ (h >> 16)
-  h = h * jnp.uint32(0x85EBCA6B)
-  h = h ^ (h >> 13)
-  h = h * jnp.uint32(0xC2B2AE35)
-  return h ^ (h >> 16)
-
-
-def _as_words(x: jax.Array) -> jax.Array:
-  """The bytes of `x` as a flat uint32 vector (one word per element, two for 64-bit types)."""
-  if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-    x = jax.random.key_data(x)
-  if jnp.issubdtype(x.dtype, jnp.complexfloating):
-    x = jnp.stack([x.real, x.imag], axis=-1)
-  size = x.dtype.itemsize
-  if x.dtype == jnp.bool_:
-    words = x.astype(jnp.uint32)
-  elif size == 8:
-    words = jax.lax.bitcast_convert_type(x, jnp.uint32)  # [..., 2]
-  else:
-    words = jax.lax.bitcast_convert_type(x, {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[size])
-    words = words.astype(jnp.uint32)
-  return words.reshape(-1)
-
-
-def _leaf_digest(x: jax.Array) -> jax.Array:
-  """Two 32-bit digests of an array's bytes, independent of how the array is sharded.
-
-  Each is Σ_i w_i c_i mod 2^32 over the words w_i, with odd position weights c_i from a mixing
-  function of the index i (two different seeds): a sum is exact and order-free, so any sharding
-  gives the same digest, and changing one word by d changes the sum by d·c_i ≠ 0 (c_i odd).
-  """
-  words = _as_words(x)
-  i = jax.lax.iota(jnp.uint32, words.shape[0])
-  out = []
-  for seed in (0x9E3779B9, 0x7F4A7C15):
-    weights = _fmix32(i ^ jnp.uint32(seed)) | jnp.uint32(1)
-    out.append(jnp.sum(words * weights, dtype=jnp.uint32))
-  return jnp.stack(out)
-
-
-@jax.jit
-def _digests(leaves: list[jax.Array]) -> jax.Array:
-  return jnp.stack([_leaf_digest(x) for x in leaves]) if leaves else jnp.zeros((0, 2), jnp.uint32)
-
-
-def tree_digest(tree: Any) -> str:
-  """A hex digest of `tree`'s arrays (paths, shapes, dtypes and bytes; the per-array digests of
-  the checkpoint manifest), independent of sharding and the same on every host: which parameters
-  a result was computed from (for example the final evaluation's records, so that a run extended
-  to more steps does not reuse them)."""
-  manifest = json.dumps(_tree_manifest(tree), sort_keys=True).encode()
-  return hashlib.sha256(manifest).hexdigest()[:16]
-
-
-def _path_name(path: tuple[Any, ...]) -> str:
-  """A pytree path as "a/b/0/c", the same for a NamedTuple and the dict Orbax restores it as."""
-  return "/".join(map(str, noise.path_names(path)))
-
-
-def _tree_manifest(tree: Any) -> dict[str, dict[str, Any]]:
-  """{path: {"shape", "dtype", "digest"}} for every array leaf of `tree` (scalars included)."""
-  named = []
-  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-    if not isinstance(leaf, jax.Array):
-      if not isinstance(leaf, np.ndarray | np.generic | int | float | bool):
-        continue
-      leaf = np.asarray(leaf)
-      # Numbers only; ml_dtypes' bfloat16 / float8 numpy arrays have kind "V" but are floats.
-      if leaf.dtype.kind not in "biufc" and not jnp.issubdtype(leaf.dtype, jnp.floating):
-        continue
-    named.append((_path_name(path), leaf))
-  if not named:
-    return {}
-  # One jitted call per set of devices: a computation cannot mix arrays of different meshes.
-  groups: dict[Any, list[int]] = {}
-  for i, (_, x) in enumerate(named):
-    devices = frozenset(x.sharding.device_set) if isinstance(x, jax.Array) else None
-    groups.setdefault(devices, []).append(i)
-  digests: list[Any] = [None] * len(named)
-  for idx in groups.values():
-    out = _digests([jnp.asarray(named[i][1]) for i in idx])
-    if jax.process_count() > 1 and not out.is_fully_replicated:
-      out = multihost_utils.process_allgather(out, tiled=True)
-    elif jax.process_count() > 1:
-      out = out.addressable_data(0)
-    for i, d in zip(idx, np.asarray(out), strict=True):
-      digests[i] = d
-  return {
-    name: {
-      "shape": list(np.shape(x)),
-      "dtype": str(x.dtype),
-      "digest": f"{int(d[0]):08x}{int(d[1]):08x}",
-    }
-    for (name, x), d in zip(named, digests, strict=True)
-  }
-
-
-def _meta_digest(meta: Mapping[str, Any]) -> str:
-  return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()
-
-
-def _check_manifest(item: str, saved: Mapping[str, Any], restored: Mapping[str, Any]) -> None:
-  """Raises CorruptCheckpointError naming the first array of `item` that differs."""
-  if set(saved) != set(restored):
-    missing = sorted(set(saved) - set(restored))[:3]
-    extra = sorted(set(restored) - set(saved))[:3]
-    raise CorruptCheckpointError(
-      f"{item}: arrays differ from the manifest (missing {missing}, unexpected {extra})."
-    )
-  for name in sorted(saved):
-    want, got = saved[name], restored[name]
-    for field in ("shape", "dtype", "digest"):
-      if want[field] != got[field]:
-        what = "contents" if field == "digest" else field
-        raise CorruptCheckpointError(
-          f"{item}/{name}: {what} {got[field]} on restore, {want[field]} when saved."
-        )
-
-
-def _file_digests(step_dir: str) -> dict[str, list[Any]]:
-  """{relative path: [size, sha256]} of every file under a local step directory."""
-  out = {}
-  for root, _, names in os.walk(step_dir):
-    for name in names:
-      full = os.path.join(root, name)
-      rel = os.path.relpath(full, step_dir)
-      if rel == _FILES_MANIFEST or rel.startswith(f".{_FILES_MANIFEST}"):
-        continue
-      digest = hashlib.sha256()
-      with open(full, "rb") as f:
-        for chunk in iter(lambda f=f: f.read(1 << 22), b""):
-          digest.update(chunk)
-      out[rel] = [os.path.getsize(full), digest.hexdigest()]
-  return dict(sorted(out.items()))
-
-
-def damaged_files(step_dir: str | os.PathLike) -> list[str] | None:
-  """The files of a local step directory that differ from its integrity_files.json, as
-  "path (why)" strings; None when there is no such manifest to compare with."""
-  step_dir = os.fspath(step_dir)
-  try:
-    with open(os.path.join(step_dir, _FILES_MANIFEST)) as f:
-      saved = json.load(f)["files"]
-  except (OSError, ValueError, KeyError, TypeError):
-    return None
-  now = _file_digests(step_dir)
-  out = []
-  for rel, (size, sha) in saved.items():
-    if rel not in now:
-      out.append(f"{rel} (missing)")
-    elif now[rel][0] != size:
-      out.append(f"{rel} ({now[rel][0]} bytes, {size} when saved)")
-    elif now[rel][1] != sha:
-      out.append(f"{rel} (contents changed)")
-  out.extend(f"{rel} (not in the manifest)" for rel in now if rel not in saved)
-  return out
 
 
 def _key_sharding_like(abstract_state: Any) -> jax.sharding.Sharding:
@@ -387,11 +212,11 @@ class Checkpointer:
     if self.integrity:
       # Digests of the arrays as they are now, before the (possibly donated) state moves on.
       manifest = {
-        "version": _MANIFEST_VERSION,
-        "digest": _DIGEST,
-        "state": _tree_manifest(state),
-        "key": None if key is None else _tree_manifest({"data": jax.random.key_data(key)}),
-        "meta": _meta_digest(meta),
+        "version": integrity.MANIFEST_VERSION,
+        "digest": integrity.DIGEST,
+        "state": integrity.tree_manifest(state),
+        "key": None if key is None else integrity.tree_manifest({"data": jax.random.key_data(key)}),
+        "meta": integrity.meta_digest(meta),
         "key_impl": impl if key is not None else None,
       }
       items["integrity"] = ocp.args.JsonSave(manifest)
@@ -414,12 +239,14 @@ class Checkpointer:
       if not os.path.exists(os.path.join(path, _COMMIT_MARKER)):
         continue  # deleted by the keep-N policy meanwhile, or never committed
       try:
-        tmp = os.path.join(path, f".{_FILES_MANIFEST}.tmp")
+        tmp = os.path.join(path, f".{integrity.FILES_MANIFEST}.tmp")
         with open(tmp, "w") as f:
-          json.dump({"version": _MANIFEST_VERSION, "files": _file_digests(path)}, f)
-        os.replace(tmp, os.path.join(path, _FILES_MANIFEST))
+          json.dump(
+            {"version": integrity.MANIFEST_VERSION, "files": integrity.file_digests(path)}, f
+          )
+        os.replace(tmp, os.path.join(path, integrity.FILES_MANIFEST))
       except OSError as err:  # optional: the array manifest is what restores trust
-        _log.warning("Could not write %s/%s: %s", path, _FILES_MANIFEST, err)
+        _log.warning("Could not write %s/%s: %s", path, integrity.FILES_MANIFEST, err)
 
   def wait(self) -> None:
     """Blocks until every started save is committed to disk."""
@@ -480,9 +307,9 @@ class Checkpointer:
     meta = dict(info.meta)
     manifest = info.integrity if self.integrity else None
     if manifest is not None:
-      if not isinstance(manifest, dict) or manifest.get("version") != _MANIFEST_VERSION:
+      if not isinstance(manifest, dict) or manifest.get("version") != integrity.MANIFEST_VERSION:
         raise CorruptCheckpointError(f"{path}/integrity: not a version-1 manifest.")
-      if manifest.get("meta") != _meta_digest(meta):
+      if manifest.get("meta") != integrity.meta_digest(meta):
         raise CorruptCheckpointError(f"{path}/meta: contents differ from the manifest.")
       if (manifest.get("key") is not None) != has_key:
         raise CorruptCheckpointError(f"{path}/key: present={has_key} disagrees with the manifest.")
@@ -504,9 +331,11 @@ class Checkpointer:
     out = self._manager.restore(step, args=ocp.args.Composite(**items))
     key = None
     if manifest is not None:
-      _check_manifest(f"{path}/state", manifest["state"], _tree_manifest(out.state))
+      integrity.check_manifest(
+        f"{path}/state", manifest["state"], integrity.tree_manifest(out.state)
+      )
       if has_key:
-        _check_manifest(f"{path}/key", manifest["key"], _tree_manifest(out.key))
+        integrity.check_manifest(f"{path}/key", manifest["key"], integrity.tree_manifest(out.key))
     if has_key:
       key = jax.random.wrap_key_data(out.key["data"], impl=info.key_impl["impl"])
     return Restored(state=out.state, key=key, meta=meta)
@@ -564,7 +393,7 @@ class Checkpointer:
       try:
         return self._restore_step(int(step), abstract_state, key_sharding)
       except Exception as err:
-        damaged = damaged_files(self._step_path(int(step))) if self._local else None
+        damaged = integrity.damaged_files(self._step_path(int(step))) if self._local else None
         if damaged:
           err.add_note(f"Files changed since the save: {', '.join(damaged[:5])}")
         raise
@@ -583,7 +412,7 @@ class Checkpointer:
       if restored is None and not isinstance(err, _UncommittedError):
         continue
       bad_path = self._step_path(bad)
-      damaged = damaged_files(bad_path) if self._local else None
+      damaged = integrity.damaged_files(bad_path) if self._local else None
       files = f"; files changed since the save: {', '.join(damaged[:5])}" if damaged else ""
       moved_to = self._quarantine(bad)
       instead = f"restored step {restored.meta['step']}" if restored else "none is left"
@@ -613,136 +442,3 @@ class Checkpointer:
       return self.restore(**kwargs)
     except NoCheckpointError:
       return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Preemption
-
-
-class PreemptionHandler:
-  """A signal flag a training loop polls: finish the step, save, exit 0.
-
-  Installed by `install_sigterm_handler` (or `sigterm_scope`, which reuses the one an enclosing
-  scope installed, so one flag spans a whole run); a context manager that puts the previous
-  handlers back on exit (or call `uninstall()`).
-
-  Attributes:
-    requested: True once one of the signals arrived in this process.
-    signum: the last signal received, or None.
-  """
-
-  def __init__(self, signals: tuple[int, ...]):
-    self.requested = False
-    self.signum: int | None = None
-    self._signals = tuple(signals)
-    self._previous: dict[int, Any] = {}
-
-  def _handle(self, signum, frame) -> None:
-    del frame
-    self.requested, self.signum = True, signum
-    _log.warning("Received signal %d: will save and stop after the current step.", signum)
-
-  def install(self) -> PreemptionHandler:
-    if threading.current_thread() is not threading.main_thread():
-      raise RuntimeError(
-        "install_sigterm_handler must be called from the main thread (Python delivers signals "
-        "there only); call it in main() before starting the training loop."
-      )
-    for s in self._signals:
-      self._previous[s] = signal.signal(s, self._handle)
-    _ACTIVE.append(self)
-    return self
-
-  def uninstall(self) -> None:
-    """Puts back the handlers that were installed before."""
-    for s, previous in self._previous.items():
-      signal.signal(s, previous if previous is not None else signal.SIG_DFL)
-    self._previous.clear()
-    if self in _ACTIVE:
-      _ACTIVE.remove(self)
-
-  def should_stop(self) -> bool:
-    """`requested` agreed over all processes (any host's signal stops every host).
-
-    Call it at the same point of every step on every process: with several processes it is a
-    collective (an all-gather of one flag).
-    """
-    if jax.process_count() == 1:
-      return self.requested
-    flags = multihost_utils.process_allgather(np.int32(self.requested))
-    return bool(np.any(flags))
-
-  def __enter__(self) -> PreemptionHandler:
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self.uninstall()
-
-
-def install_sigterm_handler(
-  signals: tuple[int, ...] = (signal.SIGTERM,),
-) -> PreemptionHandler:
-  """Replaces the handlers of `signals` (default SIGTERM, a TPU preemption) with a flag.
-
-  The process no longer dies on the signal; the loop checks `handler.requested` (or
-  `should_stop()` on several hosts) after each step, saves and returns normally.
-
-    with install_sigterm_handler() as preempt:
-      for step in range(start, num_steps):
-        state = train_step(state)
-        if preempt.should_stop():
-          ckpt.save(step + 1, state=state, force=True)
-          break
-
-  Args:
-    signals: the signal numbers to catch.
-
-  Returns:
-    The installed `PreemptionHandler`, also a context manager restoring the previous handlers.
-  """
-  return PreemptionHandler(signals).install()
-
-
-_ACTIVE: list[PreemptionHandler] = []  # installed handlers, innermost last
-
-
-def active_handler() -> PreemptionHandler | None:
-  """The innermost installed `PreemptionHandler`, or None."""
-  return _ACTIVE[-1] if _ACTIVE else None
-
-
-def preempted() -> bool:
-  """Whether the run's SIGTERM flag (`sigterm_scope`) is set, on any host.
-
-  False outside a scope. A collective with several processes: call it at the same point on all.
-  """
-  handler = active_handler()
-  return handler is not None and handler.should_stop()
-
-
-@contextlib.contextmanager
-def sigterm_scope(signals: tuple[int, ...] = (signal.SIGTERM,)):
-  """The handler an enclosing scope installed, else a new one installed for this block.
-
-  A run wraps everything it does (startup, every stage, the final evaluation) in one scope, so
-  a signal seen at any moment is still set when the next stage or evaluation asks.
-  """
-  if _ACTIVE:
-    yield _ACTIVE[-1]
-    return
-  with install_sigterm_handler(signals) as handler:
-    yield handler
-
-
-TEST_SIGTERM_ENV = "ES_JAX_TEST_SIGTERM_AT"
-
-
-def sigterm_point(name: str) -> None:
-  """Sends this process SIGTERM when $ES_JAX_TEST_SIGTERM_AT equals `name` (a test hook).
-
-  The runners name points "<stage>:<step>" (at the start of that local step of the stage, by its
-  label such as "1_grpo" or its method name) and "eval:<k>" (before the k-th computed batch of
-  the final evaluation), so tests can stop a run at an exact moment without sleeps.
-  """
-  if os.environ.get(TEST_SIGTERM_ENV) == name:
-    os.kill(os.getpid(), signal.SIGTERM)

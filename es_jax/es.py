@@ -21,6 +21,7 @@ import optax
 
 from es_jax import fitness as fitness_lib
 from es_jax import noise as noise_lib
+from es_jax import noise_blocks
 
 
 class ESState(NamedTuple):
@@ -53,8 +54,8 @@ def _dense_direction(key_of, w_eff, leaf_index, shape, sharded):
   """``Σ_j w_j ε_j`` for one leaf with dense noise (any leaf in full rank, a vector leaf in low
   rank), each member's noise regenerated into an fp32 accumulator, members summed in order.
 
-  Replicated parameters: block by block (``noise.map_noise_blocks``), memory the output plus
-  one block. ``sharded``: the noise is drawn in the leaf's layout (``noise.leaf_normal``), so
+  Replicated parameters: block by block (``noise_blocks.map_noise_blocks``), memory the output
+  plus one block. ``sharded``: the noise is drawn in the leaf's layout (``leaf_normal``), so
   under a parameter sharding every device draws and sums only its own shard's entries (a
   flattened leaf cannot be split like the leaf, and would be gathered). The same numbers.
   """
@@ -62,18 +63,18 @@ def _dense_direction(key_of, w_eff, leaf_index, shape, sharded):
 
     def add_member(j, acc):
       key_leaf = noise_lib.leaf_key(key_of(j), leaf_index)
-      return acc + w_eff[j] * noise_lib.leaf_normal(key_leaf, shape)
+      return acc + w_eff[j] * noise_blocks.leaf_normal(key_leaf, shape)
 
     return jax.lax.fori_loop(0, w_eff.shape[0], add_member, jnp.zeros(shape, jnp.float32))
 
   def block(b, acc):  # acc [B]: this block of the sum
     def member(j, acc):
       key_leaf = noise_lib.leaf_key(key_of(j), leaf_index)
-      return acc + w_eff[j] * noise_lib.block_normal(key_leaf, b, acc.shape[0])
+      return acc + w_eff[j] * noise_blocks.block_normal(key_leaf, b, acc.shape[0])
 
     return jax.lax.fori_loop(0, w_eff.shape[0], member, acc)
 
-  flat = noise_lib.map_noise_blocks(jnp.zeros((math.prod(shape),), jnp.float32), block)
+  flat = noise_blocks.map_noise_blocks(jnp.zeros((math.prod(shape),), jnp.float32), block)
   return flat.reshape(shape)
 
 
@@ -81,31 +82,25 @@ def es_update_direction(
   params: Any,
   fitness_weights: jax.Array,
   step_key: jax.Array,
+  spec: noise_lib.NoiseSpec,
   *,
-  population_size: int,
-  antithetic: bool = False,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
   sharded: bool = False,
 ) -> Any:
   """``(1/N) Σ_i w_i ε_i`` in float32, a pytree like ``params``.
 
-  ``ε_i`` is ``noise.member_noise(params, step_key, i, ...)`` (the noise member ``i`` was
+  ``ε_i`` is ``noise.member_noise(params, step_key, i, spec)`` (the noise member ``i`` was
   evaluated with), regenerated block by block and member by member: besides the output, memory
-  is ``O(noise.NOISE_BLOCK)`` for full rank, never ``O(N x params)``. With ``antithetic=True`` a
-  pair shares its noise, so ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j`` and only ``N/2``
-  draws are made. Low-rank matrices (``noise.is_matrix_leaf`` of the leaf's path, as for
-  evaluation) are formed as one matmul of the concatenated, weighted factors.
+  is ``O(noise_blocks.NOISE_BLOCK)`` for full rank, never ``O(N x params)``. With
+  ``spec.antithetic`` a pair shares its noise, so ``Σ_i w_i ε_i = Σ_j (w_{2j} - w_{2j+1}) ε_j``
+  and only ``N/2`` draws are made. Low-rank matrices (``noise.is_matrix_leaf`` of the leaf's
+  path, as for evaluation) are formed as one matmul of the concatenated, weighted factors.
 
   Args:
     params: parameter pytree (only shapes are used).
     fitness_weights: ``[N]`` shaped fitness ``w``.
     step_key: key of this ES step (the one the members were evaluated with).
-    population_size: ``N`` (static).
-    antithetic: members ``2j``, ``2j + 1`` share noise with opposite signs.
-    rank: None (full rank) or the EGGROLL rank ``r``.
-    low_rank_vectors: ``"full"`` or ``"frozen"`` for vector leaves (``noise.is_matrix_leaf``
-      false) in low rank.
+    spec: the population's ``noise.NoiseSpec`` (the one the members were evaluated with): size
+      ``N``, antithetic, rank, low-rank vectors.
     sharded: the parameters are split over a mesh axis (``sharding.param_shardings`` with
       ``model`` > 1): dense noise is drawn in each leaf's layout, on each device's shard only
       (``noise.leaf_normal``), instead of block by block over the flattened leaf. The same
@@ -114,14 +109,15 @@ def es_update_direction(
   Returns:
     The float32 direction; leaves frozen by ``low_rank_vectors="frozen"`` are zeros.
   """
-  noise_lib.validate_population(population_size, antithetic)
+  spec = noise_lib.as_noise_spec(spec, "es.es_update_direction")
+  population_size, rank = spec.population_size, spec.rank
   w = jnp.asarray(fitness_weights, jnp.float32)
   if w.shape != (population_size,):
     raise ValueError(
       f"fitness_weights has shape {w.shape}, expected ({population_size},): one weight per "
       f"member of population_size={population_size}."
     )
-  if antithetic:
+  if spec.antithetic:
     w_eff = w[0::2] - w[1::2]  # [N/2], pair j: +ε_j for member 2j, -ε_j for member 2j+1
   else:
     w_eff = w  # [N]
@@ -130,7 +126,7 @@ def es_update_direction(
     return noise_lib.member_key(step_key, j)
 
   # The walk the evaluation noise was drawn with: same leaf order, same matrix/vector rule.
-  plan, _, treedef = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
+  plan, _, treedef = noise_lib.leaf_plan(params, spec)
   inv_n = jnp.float32(1.0 / population_size)
   out = []
   for leaf in plan:
@@ -154,36 +150,23 @@ def es_gradient(
   """ES search direction as an optax transform (docs/method.md §1-2).
 
   ``update(updates, state, params, *, fitness, key)`` ignores ``updates`` and returns
-
-      u = -(1/N) Σ_i w_i ε_i,      w = shaping(fitness),
-
-  with ``ε_i = noise.member_noise(params, key, i, ...)`` under ``spec`` (for low rank the
-  materialised ``A_i B_i^T / sqrt(r)``) and ``key`` the step key the population was evaluated with.
-  Pass the ``spec`` the population was evaluated with (``population.evaluate_population(spec=)``):
-  that one value is what makes evaluation and update see the same noise. Chained with
-  ``optax.sgd(alpha)`` this gives ``θ ← θ + (α/N) Σ_i w_i ε_i`` exactly, the paper's update with 1/σ
-  folded into ``α``. Updates are float32 whatever the params' dtype (and whatever
-  ``spec.precision``, which is the members' arithmetic); ``optax.apply_updates`` adds them and
-  rounds once to the weight dtype. Non-finite fitness ranks worst (``es_jax.fitness``); non-finite
-  weights from a custom shaping are zeroed, so NaN never reaches the parameters.
-
-  There is no ``sigma`` argument: the update does not use σ (the paper folds 1/σ into α, so the
-  learning rate carries it). σ is validated where it is used, by ``population.evaluate_population``.
+  ``u = -(1/N) Σ_i w_i ε_i``, ``w = shaping(fitness)``, with ``ε_i`` member ``i``'s noise under
+  ``spec`` regenerated from ``key`` (pass the spec and step key the population was evaluated
+  with). Chained with ``optax.sgd(alpha)`` this is ``θ ← θ + (α/N) Σ_i w_i ε_i``, the paper's
+  update with 1/σ folded into ``α`` (so there is no σ argument). Updates are float32 whatever the
+  weights' dtype or ``spec.precision``; non-finite fitness ranks worst and non-finite custom
+  weights are zeroed, so NaN never reaches the parameters.
 
   Args:
-    spec: the population's ``noise.NoiseSpec`` (size ``N``, antithetic, rank, low-rank vectors;
-      validated on construction). Positional only.
+    spec: the population's ``noise.NoiseSpec``. Positional only.
     shaping: ``"zscore"`` (paper), ``"centered_rank"``, ``"per_prompt_zscore"`` or
       ``"coverage"`` (fitness ``[N, P]``), ``"shuffled"`` (the null control: z-scores permuted
-      across members with a permutation drawn from ``key``), or a callable
-      ``fitness -> [N] weights``.
+      across members by ``key``), or a callable ``fitness -> [N] weights``.
     sharded: params split over a mesh axis; see ``es_update_direction`` (the same update).
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs`` with state ``ESState``.
-
-  Raises:
-    TypeError: ``spec`` is not a ``NoiseSpec`` (e.g. a bare population size).
+    An ``optax.GradientTransformationExtraArgs`` with state ``ESState``; a TypeError if ``spec``
+    is not a ``NoiseSpec``.
   """
   spec = noise_lib.as_noise_spec(spec, "es_gradient")
   population_size = spec.population_size
@@ -200,16 +183,7 @@ def es_gradient(
     w = fitness_lib.shape_fitness(
       fitness, population_size=population_size, shaping=shaping, key=key
     )
-    direction = es_update_direction(
-      params,
-      w,
-      key,
-      population_size=population_size,
-      antithetic=spec.antithetic,
-      rank=spec.rank,
-      low_rank_vectors=spec.low_rank_vectors,
-      sharded=sharded,
-    )
+    direction = es_update_direction(params, w, key, spec, sharded=sharded)
     return jax.tree.map(jnp.negative, direction), ESState(count=state.count + 1)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -161,12 +161,6 @@ def abstract_state(
   return GRPOState(params, opt_state, jax.ShapeDtypeStruct((), jnp.int32, sharding=scalar))
 
 
-def policy_params(state: GRPOState, config: ModelConfig) -> Params:
-  """The state's params in the model's compute dtype (`config.dtype`): what to sample with and
-  what to evaluate or export. The same arrays when masters and model share a dtype."""
-  return cast_params(state.params, config.jnp_dtype)
-
-
 def update_step(
   state: GRPOState,
   batch: GRPOBatch,

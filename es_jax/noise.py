@@ -16,13 +16,8 @@ of the leaves after it.
 
 Per leaf of shape ``s`` (float32 always, whatever the parameter dtype):
 
-* full rank: ``eps``, iid N(0, 1), drawn in blocks of the flattened leaf (``n`` entries,
-  ``B = min(NOISE_BLOCK, n)``, ``nb = ceil(n / B)`` blocks): block ``b`` is
-  ``jax.random.normal(fold_in(key_il, b), (B,))`` placed at ``s_b = min(b B, n - B)``, and it
-  supplies the entries from ``b B`` on (the last block, shifted back to fit, leaves the entries
-  before ``b B`` to block ``b - 1``). Every entry comes from exactly one (block key, offset), so the
-  entries stay iid. Blocks let every consumer (perturbation, the update's accumulation) work one
-  block at a time: their memory is ``O(NOISE_BLOCK)``, never a noise array the size of a leaf.
+* full rank: ``eps``, iid N(0, 1) from ``key_il``, drawn in blocks of the flattened leaf
+  (``es_jax.noise_blocks``: the block layout is part of the noise definition).
 * low rank ``r`` (EGGROLL, arXiv 2511.16652), matrix leaves (``is_matrix_leaf`` below): the last
   two dims are the matrix ``(m, n)`` and leading dims index independent matrices (a
   layer-stacked ``[L, m, n]`` weight gets independent factors per layer).
@@ -38,11 +33,15 @@ tensors, stacked on a leading ``L`` axis) has one stack axis, so it is a matrix 
 ``layers/bq [L, n]`` is a stack of vectors. Any other leaf is a matrix iff ``ndim >= 2``
 (``embed [V, D]``, ``lm_head [D, V]``, or ``w [m, n]`` of a generic pytree; ``final_norm [D]``
 is a vector). ``leaf_plan`` is the one walk over the leaves that applies this rule; every consumer
-(sampling, perturbation, the update in ``es_jax.es``, the model hook in ``es_jax.population``)
+(sampling, perturbation, the update in ``es_jax.es``, the model hook in ``es_jax.members``)
 iterates it, so evaluation and update noise agree. ``STACKED_PREFIXES`` is the layout convention
 of es_jax parameter pytrees (``es_jax.models.transformer`` stacks its layers under ``"layers"``);
 which matrices the model's low-rank hook takes is declared by the model
 (``transformer.is_hook_leaf``).
+
+What a population draws is one ``NoiseSpec`` (size, antithetic, rank, low-rank vectors,
+precision): every function here that draws or applies noise takes it whole, so evaluation
+(``es_jax.members.member``) and update (``es_jax.es.es_gradient``) cannot disagree on it.
 
 Antithetic sampling (``antithetic=True``): member ``i`` uses the noise of pair ``j = i // 2``, drawn
 from ``member_key(step_key, j)``, with sign ``+1`` for even ``i`` and ``-1`` for odd ``i``.
@@ -58,20 +57,15 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-from jax.extend.random import threefry2x32_p
 
 from es_jax import _checks
+from es_jax.noise_blocks import block_normal, leaf_normal, map_noise_blocks, normal
 
 PRECISIONS = ("fp32", "bf16_faithful")
 # In-place bf16 ES schemes a NoiseSpec may also ask for (es_jax.reference_arithmetic: Qiu et al.'s
 # shape-shared noise, the understanding-es reproduction's per-tensor noise; full rank only).
 IN_PLACE_PRECISIONS = ("bf16_shared_noise", "bf16_tensor_noise")
 SPEC_PRECISIONS = (*PRECISIONS, *IN_PLACE_PRECISIONS)
-# Entries per full-rank noise block (part of the noise definition: changing it changes the noise).
-# 2^16 float32 = 256 KiB: the generator's working set stays in cache on CPU, and a 135M-parameter
-# model is ~2k blocks, few enough loop steps for an accelerator.
-NOISE_BLOCK = 2**16
 LOW_RANK_VECTORS = ("full", "frozen")
 # Top-level keys whose leaves carry one leading stack axis (the transformer's stacked layers).
 STACKED_PREFIXES = ("layers",)
@@ -115,82 +109,21 @@ def is_stacked_leaf(path: Sequence[Any]) -> bool:
 def is_matrix_leaf(path: Sequence[Any], shape: Sequence[int]) -> bool:
   """Whether a leaf gets low-rank (matrix) noise; the one rule every consumer shares.
 
-  Args:
-    path: the leaf's path, as from ``jax.tree_util.tree_flatten_with_path`` (``DictKey``,
-      ``GetAttrKey``, ... entries) or plain keys such as ``("layers", "wq")``; ``()`` for none.
-    shape: the leaf's shape.
-
-  Returns:
-    For a leaf under a top-level key in ``STACKED_PREFIXES`` (one leading layer axis):
-    ``ndim >= 3``. For any other leaf: ``ndim >= 2``.
+  ``path`` as from ``jax.tree_util.tree_flatten_with_path`` or plain keys (``("layers", "wq")``;
+  ``()`` for none). Under a key in ``STACKED_PREFIXES`` (one leading layer axis): ``ndim >= 3``;
+  any other leaf: ``ndim >= 2``.
   """
   return len(shape) >= (3 if is_stacked_leaf(path) else 2)
-
-
-class Leaf(NamedTuple):
-  """One parameter leaf as the noise sees it (an entry of ``leaf_plan``)."""
-
-  index: int  # position in the stable leaf order: its noise key is leaf_key(member_key, index)
-  names: tuple[Any, ...]  # the path as plain names, e.g. ("layers", "wq")
-  shape: tuple[int, ...]
-  kind: str  # "dense", "low_rank" or "frozen" (noise_kind)
-
-
-def leaf_plan(
-  params: Any, *, rank: int | None = None, low_rank_vectors: str = "full"
-) -> tuple[list[Leaf], list[Any], Any]:
-  """The one walk over the parameter leaves: which leaf is which, and what noise each gets.
-
-  Sampling (``sample_noise``), perturbation (``perturb``), the update
-  (``es.es_update_direction``) and the model's low-rank hook (``population.low_rank_member``)
-  all iterate this plan, so they agree on the leaf order and on the matrix/vector rule
-  (``is_matrix_leaf``).
-
-  Args:
-    params: parameter pytree (dict, ``nnx.State``, ...; only leaf shapes are read).
-    rank: None (full rank: every leaf ``"dense"``) or the EGGROLL rank.
-    low_rank_vectors: in low rank, ``"full"`` (``"dense"``) or ``"frozen"`` for vector leaves.
-
-  Returns:
-    ``(plan, values, treedef)``: a ``Leaf`` per leaf in the stable order, the leaves themselves
-    in that order, and the treedef that rebuilds a pytree like ``params`` from such a list.
-  """
-  validate_noise_options(rank=rank, low_rank_vectors=low_rank_vectors)
-  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
-  plan = []
-  for l, (path, x) in enumerate(paths_leaves):
-    shape = tuple(int(d) for d in jnp.shape(x))
-    kind = noise_kind(
-      shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix_leaf(path, shape)
-    )
-    plan.append(Leaf(l, path_names(path), shape, kind))
-  return plan, [x for _, x in paths_leaves], treedef
-
-
-def validate_noise_options(*, rank: int | None, low_rank_vectors: str) -> None:
-  """Raises ValueError for a bad ``rank`` or ``low_rank_vectors``."""
-  if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-    raise ValueError(f"rank={rank!r} is invalid: pass a positive int for low-rank noise or None.")
-  if low_rank_vectors not in LOW_RANK_VECTORS:
-    raise ValueError(
-      f"low_rank_vectors={low_rank_vectors!r} is invalid: use one of {LOW_RANK_VECTORS}."
-    )
-
-
-def validate_precision(precision: str) -> None:
-  """Raises ValueError for a ``precision`` not in ``PRECISIONS``."""
-  if precision not in PRECISIONS:
-    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
 
 
 @dataclasses.dataclass(frozen=True)
 class NoiseSpec:
   """The noise of one ES population, shared by its evaluation and its update.
 
-  ``population.evaluate_population`` (and ``population.population_completions``) draw member ``i``'s
-  noise from it and ``es.es_gradient`` regenerates the same noise from it, so building one spec and
-  passing it to both is what keeps evaluation and update in agreement. Frozen and hashable: a static
-  argument of jitted code. Validated once, on construction; errors name the field.
+  Evaluation (``members.member``, ``population.evaluate_population``) draws member ``i``'s noise
+  from it and ``es.es_gradient`` regenerates the same noise from it; every noise function takes
+  it whole, so one spec passed to both is what keeps evaluation and update in agreement. Frozen
+  and hashable: a static argument of jitted code. Validated once, on construction.
 
   Args:
     population_size: ``N``, a positive Python int (static).
@@ -200,7 +133,7 @@ class NoiseSpec:
       (``is_matrix_leaf`` false) in low rank.
     precision: the member arithmetic of evaluation: ``"fp32"``, ``"bf16_faithful"`` (full rank
       only; see ``apply_noise``) or one of ``IN_PLACE_PRECISIONS``
-      (``es_jax.reference_arithmetic.perturb``; full rank, not antithetic). ``es_gradient``'s
+      (``members.perturb_member``; full rank, not antithetic). ``es_gradient``'s
       update direction is float32 whatever it is.
 
   Raises:
@@ -216,9 +149,17 @@ class NoiseSpec:
   def __post_init__(self):
     if not isinstance(self.antithetic, bool):
       raise ValueError(f"antithetic={self.antithetic!r} must be a bool.")
-    validate_population(self.population_size, self.antithetic)
-    validate_noise_options(rank=self.rank, low_rank_vectors=self.low_rank_vectors)
-    precision = self.precision
+    n = _checks.positive_int(self.population_size, "population_size")
+    if self.antithetic and n % 2:
+      raise ValueError(
+        f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
+        "use an even population size."
+      )
+    rank, vectors, precision = self.rank, self.low_rank_vectors, self.precision
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+      raise ValueError(f"rank={rank!r} is invalid: pass a positive int for low-rank noise or None.")
+    if vectors not in LOW_RANK_VECTORS:
+      raise ValueError(f"low_rank_vectors={vectors!r} is invalid: use one of {LOW_RANK_VECTORS}.")
     if precision not in SPEC_PRECISIONS:
       raise ValueError(f"precision={precision!r} is invalid: use one of {SPEC_PRECISIONS}.")
     if precision in IN_PLACE_PRECISIONS and self.antithetic:
@@ -228,16 +169,6 @@ class NoiseSpec:
         f"precision={precision!r} needs materialised weights; low-rank members "
         f"(rank={self.rank}) go through the model hook: use precision='fp32' or rank=None."
       )
-
-
-def validate_population(population_size: int, antithetic: bool) -> None:
-  """Raises ValueError unless ``population_size`` is a positive Python int, even if antithetic."""
-  n = _checks.positive_int(population_size, "population_size")
-  if antithetic and n % 2:
-    raise ValueError(
-      f"population_size={n} is odd but antithetic=True pairs members (2j, 2j+1): "
-      "use an even population size."
-    )
 
 
 def as_noise_spec(spec: Any, where: str) -> NoiseSpec:
@@ -250,26 +181,57 @@ def as_noise_spec(spec: Any, where: str) -> NoiseSpec:
   return spec
 
 
+class Leaf(NamedTuple):
+  """One parameter leaf as the noise sees it (an entry of ``leaf_plan``)."""
+
+  index: int  # position in the stable leaf order: its noise key is leaf_key(member_key, index)
+  names: tuple[Any, ...]  # the path as plain names, e.g. ("layers", "wq")
+  shape: tuple[int, ...]
+  kind: str  # "dense", "low_rank" or "frozen" (noise_kind)
+
+
+def leaf_plan(params: Any, spec: NoiseSpec) -> tuple[list[Leaf], list[Any], Any]:
+  """The one walk over the parameter leaves: which leaf is which, and what noise each gets.
+
+  Sampling (``sample_noise``), perturbation (``perturb``), the update
+  (``es.es_update_direction``) and the model's low-rank hook (``members.member``) all iterate
+  this plan, so they agree on the leaf order and on the matrix/vector rule (``is_matrix_leaf``).
+
+  Args:
+    params: parameter pytree (dict, ``nnx.State``, ...; only leaf shapes are read).
+    spec: the population's ``NoiseSpec`` (its ``rank`` and ``low_rank_vectors`` are read).
+
+  Returns:
+    ``(plan, values, treedef)``: a ``Leaf`` per leaf in the stable order, the leaves themselves
+    in that order, and the treedef that rebuilds a pytree like ``params`` from such a list.
+  """
+  spec = as_noise_spec(spec, "noise.leaf_plan")
+  paths_leaves, treedef = jax.tree_util.tree_flatten_with_path(params)
+  plan = []
+  for l, (path, x) in enumerate(paths_leaves):
+    shape = tuple(int(d) for d in jnp.shape(x))
+    kind = noise_kind(
+      shape,
+      rank=spec.rank,
+      low_rank_vectors=spec.low_rank_vectors,
+      is_matrix=is_matrix_leaf(path, shape),
+    )
+    plan.append(Leaf(l, path_names(path), shape, kind))
+  return plan, [x for _, x in paths_leaves], treedef
+
+
 def member_key(step_key: jax.Array, i: int | jax.Array) -> jax.Array:
   """Key of population member ``i``: ``fold_in(step_key, i)``. ``i`` may be traced."""
   return jax.random.fold_in(step_key, i)
 
 
 def member_key_and_sign(
-  step_key: jax.Array, i: int | jax.Array, *, antithetic: bool = False
+  step_key: jax.Array, i: int | jax.Array, spec: NoiseSpec
 ) -> tuple[jax.Array, jax.Array]:
-  """Noise key and sign of member ``i``.
-
-  Args:
-    step_key: key of this ES step.
-    i: member index in ``[0, N)``; may be traced.
-    antithetic: if True, members ``2j`` and ``2j + 1`` share ``member_key(step_key, j)`` with signs
-      ``+1`` and ``-1``.
-
-  Returns:
-    ``(key, sign)`` with ``sign`` a float32 scalar.
-  """
-  if not antithetic:
+  """Noise key and sign of member ``i`` (``i`` may be traced): ``(member_key(step_key, i), 1)``,
+  or with ``spec.antithetic`` members ``2j`` and ``2j + 1`` share ``member_key(step_key, j)`` with
+  signs ``+1`` and ``-1``. The sign is a float32 scalar."""
+  if not as_noise_spec(spec, "noise.member_key_and_sign").antithetic:
     return member_key(step_key, i), jnp.float32(1.0)
   sign = 1.0 - 2.0 * jnp.asarray(i % 2, jnp.float32)
   return member_key(step_key, i // 2), sign
@@ -278,114 +240,6 @@ def member_key_and_sign(
 def leaf_key(key: jax.Array, leaf_index: int) -> jax.Array:
   """Key of leaf ``leaf_index`` (stable leaf order) from a member key: ``fold_in(key, l)``."""
   return jax.random.fold_in(key, leaf_index)
-
-
-def block_normal(key: jax.Array, b: int | jax.Array, size: int) -> jax.Array:
-  """Block ``b`` of the full-rank noise drawn from ``key`` (a leaf key): float32 ``[size]``.
-
-  Drawn flat: a multi-dimensional draw makes XLA constant-fold the counter iotas, which took
-  seconds to compile on CPU (jax 0.10, ``jax_threefry_partitionable``).
-  """
-  return jax.random.normal(jax.random.fold_in(key, b), (size,), jnp.float32)
-
-
-def map_noise_blocks(flat: jax.Array, block_fn: Any) -> jax.Array:
-  """Applies ``block_fn(b, values) -> new values`` to each noise block of a flat ``[n]`` array.
-
-  The blocks are those of the full-rank noise (module docstring): ``values`` is the ``[B]``
-  slice at ``s_b``, and only the entries that block ``b`` supplies are replaced, so the result
-  combines ``flat`` with the noise entry by entry. Runs as a ``fori_loop`` updating ``flat`` in
-  place: besides the result, memory is ``O(B)``. ``block_fn`` draws its noise with
-  ``block_normal(leaf_key, b, B)``.
-  """
-  n = flat.shape[0]
-  if n == 0:
-    return flat
-  size = min(NOISE_BLOCK, n)
-  num_blocks = -(-n // size)
-  if num_blocks == 1:
-    return block_fn(0, flat)
-
-  def body(b, out):
-    start = jnp.minimum(b * size, n - size)
-    values = jax.lax.dynamic_slice(out, (start,), (size,))
-    new = block_fn(b, values)
-    if n % size:  # the last block overlaps its predecessor: keep the entries it does not supply
-      new = jnp.where(start + jnp.arange(size) < b * size, values, new)
-    return jax.lax.dynamic_update_slice(out, new, (start,))
-
-  return jax.lax.fori_loop(0, num_blocks, body, flat)
-
-
-def _flat_index(shape: tuple[int, ...]) -> jax.Array:
-  """uint32 ``[*shape]``: each entry's row-major position in the flattened leaf, from iotas (so
-  the SPMD partitioner computes only the entries of a device's shard)."""
-  flat = jnp.zeros(shape, jnp.uint32)
-  stride = 1
-  for d in reversed(range(len(shape))):
-    flat = flat + jax.lax.broadcasted_iota(jnp.uint32, shape, d) * jnp.uint32(stride)
-    stride *= shape[d]
-  return flat
-
-
-def leaf_normal(key: jax.Array, shape: Sequence[int]) -> jax.Array:
-  """The full-rank noise of a leaf from its leaf key, drawn entry by entry in the leaf's layout.
-
-  Bit-identical to the block definition (module docstring) under the partitionable threefry
-  PRNG (``jax_threefry_partitionable``, jax's default): there ``normal(k, (B,))[o]`` is
-  ``sqrt(2) erfinv(u(threefry2x32(k, (0, o))))``, a function of the counter ``o`` alone, so
-  entry ``f`` of the flattened leaf is that function at ``(fold_in(key, b(f)), f - s_b(f))``.
-  Computed this way, no flattened copy of the leaf exists: under a parameter sharding (e.g.
-  ``sharding.param_shardings`` over ``'model'``) every device draws only its own shard's entries,
-  with no all-gather, and fused into its consumer (the perturbation or the update's accumulator)
-  nothing larger than the leaf is materialised. Other PRNG implementations fall back to the
-  blocks (``map_noise_blocks``).
-
-  Args:
-    key: the leaf key (``leaf_key(member_key, l)``).
-    shape: the leaf's shape.
-
-  Returns:
-    float32 ``[*shape]``.
-  """
-  shape = tuple(int(d) for d in shape)
-  n = math.prod(shape)
-  if n == 0 or n >= 2**32 or not _counter_based(key):
-    return _normal(key, shape)
-  size = min(NOISE_BLOCK, n)
-  num_blocks = -(-n // size)
-  flat = _flat_index(shape)
-  block = jnp.minimum(flat // jnp.uint32(size), jnp.uint32(num_blocks - 1))
-  offset = flat - jnp.minimum(block * jnp.uint32(size), jnp.uint32(n - size))
-  block_keys = jax.vmap(lambda b: jax.random.key_data(jax.random.fold_in(key, b)))(
-    jnp.arange(num_blocks, dtype=jnp.uint32)
-  )  # [nb, 2] uint32: the block keys of block_normal
-  k = block_keys[block]  # [*shape, 2]
-  hi, lo = threefry2x32_p.bind(k[..., 0], k[..., 1], jnp.zeros(shape, jnp.uint32), offset)
-  bits = hi ^ lo  # jax.random.bits (32-bit, partitionable) at counter `offset`
-  # jax.random.uniform(minval=nextafter(-1, 0), maxval=1), then sqrt(2) erfinv: jax.random.normal.
-  mantissa = jax.lax.shift_right_logical(bits, jnp.uint32(32 - 23)) | jnp.uint32(0x3F800000)
-  floats = jax.lax.bitcast_convert_type(mantissa, jnp.float32) - jnp.float32(1.0)
-  lo_val = jnp.float32(np.nextafter(np.float32(-1.0), np.float32(0.0)))
-  u = jax.lax.max(lo_val, floats * (jnp.float32(1.0) - lo_val) + lo_val)
-  return jnp.float32(np.sqrt(2)) * jax.lax.erf_inv(u)
-
-
-def _counter_based(key: jax.Array) -> bool:
-  """Whether ``key`` draws as ``leaf_normal`` assumes: the threefry PRNG, partitionable mode."""
-  if not jax.config.jax_threefry_partitionable:
-    return False
-  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    return str(jax.random.key_impl(key)) == "threefry2x32"
-  return key.shape == (2,) and key.dtype == jnp.uint32  # raw uint32[2] keys are threefry
-
-
-def _normal(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """float32 N(0, 1) of ``shape``: the full-rank noise of a leaf from its leaf key."""
-  n = math.prod(shape)
-  return map_noise_blocks(
-    jnp.zeros((n,), jnp.float32), lambda b, v: block_normal(key, b, v.shape[0])
-  ).reshape(shape)
 
 
 def noise_kind(
@@ -436,34 +290,23 @@ def leaf_noise(
   shape = tuple(shape)
   kind = noise_kind(shape, rank=rank, low_rank_vectors=low_rank_vectors, is_matrix=is_matrix)
   if kind == "dense":
-    return _normal(key_leaf, shape)
+    return normal(key_leaf, shape)
   if kind == "frozen":
     return jnp.zeros(shape, jnp.float32)
   *lead, m, n = shape
   key_a, key_b = jax.random.split(key_leaf)
-  a = _normal(key_a, (*lead, m, rank))  # [..., m, r]
-  b = _normal(key_b, (*lead, n, rank))  # [..., n, r]
+  a = normal(key_a, (*lead, m, rank))  # [..., m, r]
+  b = normal(key_b, (*lead, n, rank))  # [..., n, r]
   return LowRankNoise(a, b)
 
 
-def sample_noise(
-  params: Any, key: jax.Array, *, rank: int | None = None, low_rank_vectors: str = "full"
-) -> Any:
-  """Noise for every leaf of ``params`` from one member key.
-
-  Args:
-    params: parameter pytree (only leaf shapes are used).
-    key: the member key, ``member_key(step_key, i)``.
-    rank: None for full rank (a pytree like ``params`` of float32 N(0, 1)), or the EGGROLL rank:
-      matrix leaves become ``LowRankNoise(a, b)`` representing ``a @ b^T / sqrt(rank)``.
-    low_rank_vectors: in low rank, ``"full"`` noise or ``"frozen"`` (zeros) for vector leaves
-      (``is_matrix_leaf`` false).
-
-  Returns:
-    A pytree with the structure of ``params`` whose leaves are arrays or ``LowRankNoise``.
-  """
-  plan, _, treedef = leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
-  return treedef.unflatten([_plan_noise(key, leaf, rank) for leaf in plan])
+def sample_noise(params: Any, key: jax.Array, spec: NoiseSpec) -> Any:
+  """Noise for every leaf of ``params`` (only shapes are read) from one member key
+  (``member_key(step_key, i)``), under ``spec``: float32 N(0, 1) arrays in full rank; in low rank
+  ``LowRankNoise(a, b)`` (``a @ b^T / sqrt(r)``) for matrix leaves and full noise or zeros
+  (``spec.low_rank_vectors``) for vector leaves. A pytree with the structure of ``params``."""
+  plan, _, treedef = leaf_plan(params, spec)
+  return treedef.unflatten([_plan_noise(key, leaf, spec.rank) for leaf in plan])
 
 
 def _plan_noise(key: jax.Array, leaf: Leaf, rank: int | None) -> jax.Array | LowRankNoise:
@@ -484,23 +327,16 @@ def scale_noise(noise: Any, scale: float | jax.Array) -> Any:
   return jax.tree.map(_scale, noise, is_leaf=_is_low_rank)
 
 
-def member_noise(
-  params: Any,
-  step_key: jax.Array,
-  i: int | jax.Array,
-  *,
-  antithetic: bool = False,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
-) -> Any:
-  """Noise of population member ``i`` (antithetic sign applied); ``i`` may be traced.
+def member_noise(params: Any, step_key: jax.Array, i: int | jax.Array, spec: NoiseSpec) -> Any:
+  """Noise ``ε_i`` of population member ``i`` under ``spec`` (antithetic sign applied); ``i`` may
+  be traced.
 
-  Evaluation (``perturb_member``, the model's low-rank hook) and the ES update both go through
-  this function's pieces (``member_key_and_sign`` and ``leaf_noise``), so they see identical noise.
+  Evaluation (``members.member``) and the ES update (``es.es_gradient``) both go through this
+  function's pieces (``member_key_and_sign`` and ``leaf_noise``), so they see identical noise.
   """
-  key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
-  noise = sample_noise(params, key, rank=rank, low_rank_vectors=low_rank_vectors)
-  return noise if not antithetic else scale_noise(noise, sign)
+  key, sign = member_key_and_sign(step_key, i, spec)
+  noise = sample_noise(params, key, spec)
+  return noise if not spec.antithetic else scale_noise(noise, sign)
 
 
 def materialize(noise: Any) -> Any:
@@ -558,7 +394,8 @@ def apply_noise(
   Returns:
     Perturbed params with the dtypes of ``params``.
   """
-  validate_precision(precision)
+  if precision not in PRECISIONS:
+    raise ValueError(f"precision={precision!r} is invalid: use one of {PRECISIONS}.")
   leaves, treedef = jax.tree_util.tree_flatten(params)
   noise_leaves = treedef.flatten_up_to(noise)
   sigma = jnp.asarray(sigma, jnp.float32)
@@ -573,27 +410,28 @@ def apply_noise(
 
 
 def perturb(
-  params: Any,
-  key: jax.Array,
-  sigma: float | jax.Array,
-  *,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
-  precision: str = "fp32",
-  sharded: bool = False,
+  params: Any, key: jax.Array, sigma: float | jax.Array, spec: NoiseSpec, *, sharded: bool = False
 ) -> Any:
-  """``θ + σ ε`` with ``ε = sample_noise(params, key, ...)``, in the params' dtypes.
+  """``θ + σ ε`` with ``ε = sample_noise(params, key, spec)``, in the params' dtypes, with
+  ``spec.precision``'s arithmetic (``apply_noise``; the in-place modes are
+  ``members.perturb_member``'s).
 
   Full-rank (dense) noise is added block by block as it is drawn (``map_noise_blocks``): besides
   the result, memory is ``O(NOISE_BLOCK)``. With ``sharded=True`` (params split over a mesh axis)
   it is drawn in each leaf's layout instead (``leaf_normal``), so every device draws only its
   shard's entries; the same numbers. Low-rank noise is materialised here: use it for small
   models, tests and references; large models consume ``LowRankNoise`` inside the forward pass
-  instead. Equal to ``apply_noise(params, sample_noise(...), sigma)``; see it for ``precision``.
+  instead (``members.member``).
   """
-  validate_precision(precision)
+  spec = as_noise_spec(spec, "noise.perturb")
+  precision = spec.precision
+  if precision not in PRECISIONS:
+    raise ValueError(
+      f"noise.perturb: precision={precision!r} is an in-place mode with its own noise: "
+      "build the member with es_jax.members.perturb_member (or members.member)."
+    )
   sigma = jnp.asarray(sigma, jnp.float32)
-  plan, values, treedef = leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
+  plan, values, treedef = leaf_plan(params, spec)
   out = []
   for leaf, p in zip(plan, values, strict=True):
     p = jnp.asarray(p)
@@ -607,33 +445,5 @@ def perturb(
       )
       out.append(flat.reshape(p.shape))
     else:
-      out.append(_add_leaf(p, materialize(_plan_noise(key, leaf, rank)), sigma, precision))
+      out.append(_add_leaf(p, materialize(_plan_noise(key, leaf, spec.rank)), sigma, precision))
   return treedef.unflatten(out)
-
-
-def perturb_member(
-  params: Any,
-  step_key: jax.Array,
-  i: int | jax.Array,
-  sigma: float | jax.Array,
-  *,
-  antithetic: bool = False,
-  rank: int | None = None,
-  low_rank_vectors: str = "full",
-  precision: str = "fp32",
-  sharded: bool = False,
-) -> Any:
-  """``θ + σ ε_i`` for population member ``i`` (``member_noise``); ``i`` may be traced/vmapped.
-
-  Memory as ``perturb`` (the antithetic sign is folded into σ, which is exact).
-  """
-  key, sign = member_key_and_sign(step_key, i, antithetic=antithetic)
-  return perturb(
-    params,
-    key,
-    sign * jnp.asarray(sigma, jnp.float32),
-    rank=rank,
-    low_rank_vectors=low_rank_vectors,
-    precision=precision,
-    sharded=sharded,
-  )

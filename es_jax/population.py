@@ -8,8 +8,9 @@ One ES evaluation (docs/method.md §1; docs/architecture.md, "Data flow")::
   host: rewards[i, p] = score_fn(tokens_i, mask_i)[p]       # [N, P]
   fitness R_i = mean_p rewards[i, p]                         # [N], rewards are maximised
 
-``ε_i`` is ``es_jax.noise.member_noise(params, step_key, i, ...)``, the function the update
-(``es_jax.es.es_gradient``) regenerates, so evaluation and update see identical noise. Nothing
+Member ``i`` is ``es_jax.members.member(params, step_key, i, sigma, spec)``: its noise is
+``noise.member_noise(params, step_key, i, spec)``, which the update (``es_jax.es.es_gradient``)
+regenerates from the same spec, so evaluation and update see identical noise. Nothing
 random is stored and no ``[N, num_params]`` array exists. Within a chunk the noise is drawn one
 member at a time (``lax.map``, like the update), so it stays bit-identical for every PRNG
 implementation (``rbg`` draws differ under ``vmap``). A chunk's members then decode together
@@ -17,13 +18,11 @@ implementation (``rbg`` draws differ under ``vmap``). A chunk's members then dec
 model call is vmapped over members, so shared weights are one matmul for every row and the loop's
 stopping test stays unbatched.
 
-* Full rank: each member's ``θ + σ ε_i`` is materialised inside its chunk only; device memory is
-  ``O(params x (M + 1))``.
-* Low rank (EGGROLL, arXiv 2511.16652): the members share the base weights; each matrix the model
-  hook supports (embedding, layer matrices, LM head) gets its factors ``(a_i, b_i)`` through
-  ``forward(..., deltas=, delta_scale=σ/√r)``, i.e. ``x Wᵀ + (σ/√r)(x b_i) a_iᵀ``, so the ``x W``
-  matmul is one batched matmul for all members of a chunk. Every other leaf (norms, biases) gets
-  its noise (whatever ``noise.py`` draws for it) materialised, which is cheap.
+* Full rank (and the in-place bf16 modes): each member's weights are materialised inside its chunk
+  only; device memory is ``O(params x (M + 1))``.
+* Low rank (EGGROLL, arXiv 2511.16652): the members share the base matrices and pass their factors
+  to the model's hook (``members.member``), so the ``x W`` matmul is one batched matmul for all
+  members of a chunk.
 
 Only completions (to be scored by a host verifier) leave the devices; on several hosts every
 process scores the members on its own devices and only ``[N, P]`` rewards and ``[N]`` statistics
@@ -43,11 +42,12 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, PartitionSpec
 
-from es_jax import _checks, reference_arithmetic, sampling
+from es_jax import _checks, sampling
+from es_jax import members as members_lib
 from es_jax import noise as noise_lib
 from es_jax import sharding as sharding_lib
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import cast_params, is_hook_leaf, unstack_layers
+from es_jax.models.transformer import cast_params, unstack_layers
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], Any]
 
@@ -67,58 +67,93 @@ class PopulationStats(NamedTuple):
   completions: sampling.Completions  # numpy, [n, P, T] (lengths [n, P]).
 
 
-def _hooked(leaf: noise_lib.Leaf) -> bool:
-  """Whether the model's low-rank hook (``forward(deltas=...)``) takes this leaf's noise: a
-  low-rank matrix (``noise.leaf_plan``) that the model declares (``transformer.is_hook_leaf``).
-  Vectors (norms, biases, stacked or not) never are: their noise is added to the weights."""
-  return leaf.kind == "low_rank" and is_hook_leaf(leaf.names)
+def _member_inputs(params, step_key, i, sigma, spec, own, *, config, sharded, unroll_layers):
+  """Member ``i`` as the decode takes it: ``(its weights, None)`` in full rank and the in-place
+  modes; in low rank ``(the leaves it owns (own[l]), the hook's deltas)``."""
+  params_i, deltas, _ = members_lib.member(params, step_key, i, sigma, spec, sharded=sharded)
+  if spec.rank is None:
+    # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute dtype,
+    # fused with the perturbation (no float32 member copy).
+    params_i = cast_params(params_i, config.jnp_dtype)
+    if unroll_layers:
+      # Hand generate its unrolled per-layer form directly: a member then holds one copy of θ,
+      # not a stacked one plus generate's per-layer copy.
+      params_i = unstack_layers(params_i)
+    return params_i, None
+  return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
 
 
-def member_owned_leaves(
-  params: Any, *, rank: int | None, low_rank_vectors: str = "full"
-) -> list[bool]:
-  """Per leaf (stable order): whether each member holds its own copy of it. All leaves in full
-  rank; in low rank all but the hook matrices, which stay shared and unbatched (``x @ W`` is one
-  matmul for a whole chunk of members)."""
-  plan, _, _ = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
-  return [not _hooked(leaf) for leaf in plan]
+def _member_params(params, owned, own, axis, rank):
+  """The member's params (axis None) or the chunk's (axis 0) from its ``_member_inputs``, with
+  the in_axes tree: in low rank the shared leaves come from ``params``, unbatched."""
+  if rank is None:
+    return owned, jax.tree.map(lambda _: axis, owned)
+  base, treedef = jax.tree_util.tree_flatten(params)
+  owned = iter(owned)
+  params_i = treedef.unflatten([next(owned) if o else x for x, o in zip(base, own, strict=True)])
+  return params_i, treedef.unflatten([axis if o else None for o in own])
 
 
-def low_rank_member(
-  params: Any,
-  step_key: jax.Array,
-  i: int | jax.Array,
-  sigma: float | jax.Array,
-  *,
-  rank: int,
-  antithetic: bool = False,
-  low_rank_vectors: str = "full",
-) -> tuple[Any, dict[str, Any], jax.Array]:
-  """Member ``i`` of a low-rank population as ``(params_i, deltas_i, delta_scale)`` for the model.
-
-  ``forward(params_i, ..., deltas=deltas_i, delta_scale=delta_scale)`` computes the model at
-  ``θ + σ ε_i`` with ``ε_i = noise.member_noise(params, step_key, i, rank=rank, ...)``: hook
-  matrices keep the shared base weight and pass their ``LowRankNoise`` (``a @ b^T / sqrt(r)``,
-  antithetic sign folded into ``a``) with ``delta_scale = σ / sqrt(r)``; all other leaves are
-  returned perturbed.
-  """
-  nz = noise_lib.member_noise(
-    params, step_key, i, antithetic=antithetic, rank=rank, low_rank_vectors=low_rank_vectors
+def _local_completions(
+  params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding, *, first, n_local, kw
+):
+  """The completions of members ``first .. first + n_local`` (one device's share), chunk by
+  chunk; ``kw`` holds ``population_completions``' static settings."""
+  spec, chunk_size, config = kw["spec"], kw["members_per_chunk"], kw["config"]
+  ids = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
+  own = members_lib.member_owned_leaves(params, spec)
+  inputs = functools.partial(  # i -> member i's inputs
+    _member_inputs,
+    params,
+    step_key,
+    sigma=sigma,
+    spec=spec,
+    own=own,
+    config=config,
+    sharded=kw["sharded"],
+    unroll_layers=kw["unroll_layers"],
   )
-  sigma = jnp.asarray(sigma, jnp.float32)
-  plan, values, treedef = noise_lib.leaf_plan(params, rank=rank, low_rank_vectors=low_rank_vectors)
-  deltas: dict[str, Any] = {"layers": {}}
-  out = []
-  for leaf, p, e in zip(plan, values, treedef.flatten_up_to(nz), strict=True):
-    if _hooked(leaf):
-      if leaf.names[0] == "layers":
-        deltas["layers"][leaf.names[1]] = e
-      else:
-        deltas[leaf.names[0]] = e
-      out.append(p)
-    else:
-      out.append(noise_lib.apply_noise(p, e, sigma))
-  return treedef.unflatten(out), deltas, sigma / jnp.float32(math.sqrt(rank))
+  decode_kw = dict(
+    **decoding.generate_kwargs(),
+    config=config,
+    delta_scale=None if spec.rank is None else sigma / jnp.float32(math.sqrt(spec.rank)),
+    unroll_layers=kw["unroll_layers"],
+  )
+
+  def sample_keys(members):
+    if kw["share_sample_key"]:
+      return jnp.broadcast_to(sample_key, members.shape)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(sample_key, members)
+
+  def chunk(members):  # [M]
+    if chunk_size == 1:
+      # No member axis: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
+      owned, deltas = inputs(members[0])
+      member_params = _member_params(params, owned, own, None, spec.rank)[0]
+      key = sample_keys(members)[0]
+      out = sampling.generate(
+        member_params, prompt_ids, prompt_mask, key=key, deltas=deltas, **decode_kw
+      )
+      return jax.tree.map(lambda x: x[None], out)
+    # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
+    # PRNG implementation; vmap is not for rbg).
+    owned, deltas = jax.lax.map(inputs, members)
+    params_m, params_axes = _member_params(params, owned, own, 0, spec.rank)
+    # One decode loop over the chunk's M x P rows; the model call is vmapped over members.
+    return sampling.generate_members(
+      params_m,
+      prompt_ids,
+      prompt_mask,
+      keys=sample_keys(members),
+      params_axes=params_axes,
+      deltas=deltas,
+      deltas_axes=None if deltas is None else jax.tree.map(lambda _: 0, deltas),
+      **decode_kw,
+    )
+
+  # A scan over chunks: one chunk's perturbed weights live at a time.
+  out = jax.lax.map(chunk, ids.reshape(-1, chunk_size))  # leaves [C, M, P, ...]
+  return jax.tree.map(lambda x: x.reshape(n_local, *x.shape[2:]), out)
 
 
 @functools.partial(
@@ -154,111 +189,21 @@ def population_completions(
   gets the TPU layout.
   """
   spec = noise_lib.as_noise_spec(spec, "population_completions")
-  antithetic, rank, precision = spec.antithetic, spec.rank, spec.precision
   n_dev = 1 if mesh is None else mesh.shape["pop"]
   n_local = spec.population_size // n_dev
-  # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
-  model_sharded = mesh is not None and mesh.shape["model"] > 1
-  if unroll_layers is None:
-    unroll_layers = sampling.default_unroll_layers(mesh)
+  kw = dict(
+    spec=spec,
+    config=config,
+    members_per_chunk=members_per_chunk,
+    share_sample_key=share_sample_key,
+    # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
+    sharded=mesh is not None and mesh.shape["model"] > 1,
+    unroll_layers=sampling.default_unroll_layers(mesh) if unroll_layers is None else unroll_layers,
+  )
 
-  def local(params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding):
+  def local(*args):
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
-    members = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
-
-    base, treedef = jax.tree_util.tree_flatten(params)
-    own = member_owned_leaves(params, rank=rank, low_rank_vectors=spec.low_rank_vectors)
-
-    def member_inputs(i):
-      if rank is None:
-        if precision in reference_arithmetic.MODES:
-          key_i = noise_lib.member_key(step_key, i)
-          params_i = reference_arithmetic.perturb(
-            params, key_i, sigma, mode=precision, sharded=model_sharded
-          )
-        else:
-          params_i = noise_lib.perturb_member(
-            params,
-            step_key,
-            i,
-            sigma,
-            antithetic=antithetic,
-            precision=precision,
-            sharded=model_sharded,
-          )
-        # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute
-        # dtype, fused with the perturbation (no float32 member copy).
-        params_i = cast_params(params_i, config.jnp_dtype)
-        if unroll_layers:
-          # Hand generate its unrolled per-layer form directly: a member then holds one copy of
-          # θ, not a stacked one plus generate's per-layer copy.
-          params_i = unstack_layers(params_i)
-        return params_i, None
-      params_i, deltas, _ = low_rank_member(
-        params,
-        step_key,
-        i,
-        sigma,
-        rank=rank,
-        antithetic=antithetic,
-        low_rank_vectors=spec.low_rank_vectors,
-      )
-      return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
-
-    def member_params(owned, axis):
-      """The member's params (axis None) or the chunk's (axis 0), with the in_axes tree."""
-      if rank is None:
-        return owned, jax.tree.map(lambda _: axis, owned)
-      owned = iter(owned)
-      params_i = treedef.unflatten(
-        [next(owned) if o else x for x, o in zip(base, own, strict=True)]
-      )
-      return params_i, treedef.unflatten([axis if o else None for o in own])
-
-    decode_kw = dict(
-      **decoding.generate_kwargs(),
-      config=config,
-      delta_scale=None if rank is None else sigma / jnp.float32(math.sqrt(rank)),
-      unroll_layers=unroll_layers,
-    )
-
-    def sample_keys(members):
-      if share_sample_key:
-        return jnp.broadcast_to(sample_key, members.shape)
-      return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(sample_key, members)
-
-    def chunk(members):  # [M]
-      if members_per_chunk == 1:
-        # No member axis: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
-        owned, deltas = member_inputs(members[0])
-        out = sampling.generate(
-          member_params(owned, None)[0],
-          prompt_ids,
-          prompt_mask,
-          key=sample_keys(members)[0],
-          deltas=deltas,
-          **decode_kw,
-        )
-        return jax.tree.map(lambda x: x[None], out)
-      # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
-      # PRNG implementation; vmap is not for rbg).
-      owned, deltas = jax.lax.map(member_inputs, members)
-      params_m, params_axes = member_params(owned, 0)
-      # One decode loop over the chunk's M x P rows; the model call is vmapped over members.
-      return sampling.generate_members(
-        params_m,
-        prompt_ids,
-        prompt_mask,
-        keys=sample_keys(members),
-        params_axes=params_axes,
-        deltas=deltas,
-        deltas_axes=None if deltas is None else jax.tree.map(lambda _: 0, deltas),
-        **decode_kw,
-      )
-
-    # A scan over chunks: one chunk's perturbed weights live at a time.
-    out = jax.lax.map(chunk, members.reshape(-1, members_per_chunk))  # leaves [C, M, P, ...]
-    return jax.tree.map(lambda x: x.reshape(n_local, *x.shape[2:]), out)
+    return _local_completions(*args, first=first, n_local=n_local, kw=kw)
 
   args = (params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding)
   if mesh is None:
@@ -304,22 +249,15 @@ def evaluate_population(
     prompt_mask: ``[P, S]`` bool, False on padding.
     config: the model's config.
     step_key: key of this ES step; member ``i``'s noise is ``noise.member_noise(params, step_key,
-      i, ...)``.
+      i, spec)``.
     sigma: noise scale σ (traced: changing it does not recompile); validated > 0 here.
-    spec: the population's ``noise.NoiseSpec``: ``population_size`` ``N`` (divisible by the
-      ``'pop'`` axis size times ``members_per_chunk``), ``antithetic`` (members ``2j``,
-      ``2j + 1`` use ``±ε_j``), ``rank`` (None for full rank, or the EGGROLL rank ``r``: the
-      low-rank hook, see module docstring), ``low_rank_vectors`` (``"full"`` or ``"frozen"``
-      noise for vector leaves in low rank: norms and biases, stacked ones included,
-      ``noise.is_matrix_leaf``) and ``precision`` (``"fp32"`` or ``"bf16_faithful"``, full rank
-      only, see ``noise.apply_noise``; or ``"bf16_shared_noise"`` / ``"bf16_tensor_noise"``:
-      members perturbed as ``es_jax.reference_arithmetic.perturb`` does).
+    spec: the population's ``noise.NoiseSpec`` (``N`` divisible by the ``'pop'`` axis size
+      times ``members_per_chunk``); each member is built as ``members.member`` builds it.
     decoding: the ``sampling.Decoding`` every member decodes with: budget ``T``, temperature (0
       for greedy fitness, the paper's Easy setting), top-p, EOS and pad tokens.
     score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,
       called once per member (decode with a tokenizer and score with a verifier there).
-    mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members; None runs
-      everything on the default device.
+    mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members, or None.
     members_per_chunk: members vmapped together on a device (``M``); each device loops over its
       ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
     sample_key: key for sampled decoding (required unless ``decoding`` is greedy); member
@@ -332,36 +270,13 @@ def evaluate_population(
     ``es_jax.fitness`` ranks worst.
 
   Raises:
-    TypeError: ``spec`` is not a ``NoiseSpec`` or ``decoding`` not a ``Decoding`` (the noise
-      and decode settings are not keyword arguments of their own).
+    TypeError: ``spec`` is not a ``NoiseSpec`` or ``decoding`` not a ``Decoding``.
   """
   spec = noise_lib.as_noise_spec(spec, "population.evaluate_population")
   population_size = spec.population_size
-  _checks.positive_int(members_per_chunk, "members_per_chunk")
-  n_dev = 1 if mesh is None else mesh.shape["pop"]
-  if population_size % (n_dev * members_per_chunk):
-    raise ValueError(
-      f"population_size={population_size} must be divisible by the mesh's 'pop' axis "
-      f"({n_dev} devices) x members_per_chunk={members_per_chunk} = "
-      f"{n_dev * members_per_chunk}: change one of them."
-    )
-  sigma_value = _checks.concrete_float(sigma)
-  if sigma_value is not None and not sigma_value > 0:
-    raise ValueError(f"sigma={sigma!r} must be > 0.")
-  if not isinstance(decoding, sampling.Decoding):
-    raise TypeError(
-      f"population.evaluate_population: decoding must be a sampling.Decoding, got "
-      f"{type(decoding).__name__}."
-    )
-  if not decoding.greedy and sample_key is None:
-    raise ValueError(f"temperature={decoding.temperature} samples tokens: pass sample_key=.")
-  prompt_ids = np.asarray(prompt_ids, np.int32)
-  prompt_mask = np.asarray(prompt_mask, bool)
-  if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
-    raise ValueError(
-      f"prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be equal "
-      "[P, S] shapes."
-    )
+  prompt_ids, prompt_mask = _checked_inputs(
+    spec, members_per_chunk, mesh, sigma, decoding, sample_key, prompt_ids, prompt_mask
+  )
   num_prompts = prompt_ids.shape[0]
   if mesh is not None:
     params = sharding_lib.place_params(params, mesh)
@@ -380,6 +295,45 @@ def evaluate_population(
     mesh=mesh,
     share_sample_key=share_sample_key,
   )
+  return _score(out, score_fn, num_prompts, population_size)
+
+
+def _checked_inputs(spec, members_per_chunk, mesh, sigma, decoding, sample_key, ids, mask):
+  """``evaluate_population``'s checks (ValueError / TypeError naming the argument); returns the
+  prompts as numpy ``int32`` / ``bool`` arrays."""
+  _checks.positive_int(members_per_chunk, "members_per_chunk")
+  n_dev = 1 if mesh is None else mesh.shape["pop"]
+  if spec.population_size % (n_dev * members_per_chunk):
+    raise ValueError(
+      f"population_size={spec.population_size} must be divisible by the mesh's 'pop' axis "
+      f"({n_dev} devices) x members_per_chunk={members_per_chunk} = "
+      f"{n_dev * members_per_chunk}: change one of them."
+    )
+  sigma_value = _checks.concrete_float(sigma)
+  if sigma_value is not None and not sigma_value > 0:
+    raise ValueError(f"sigma={sigma!r} must be > 0.")
+  if not isinstance(decoding, sampling.Decoding):
+    raise TypeError(
+      f"population.evaluate_population: decoding must be a sampling.Decoding, got "
+      f"{type(decoding).__name__}."
+    )
+  if not decoding.greedy and sample_key is None:
+    raise ValueError(f"temperature={decoding.temperature} samples tokens: pass sample_key=.")
+  prompt_ids = np.asarray(ids, np.int32)
+  prompt_mask = np.asarray(mask, bool)
+  if prompt_ids.ndim != 2 or prompt_ids.shape != prompt_mask.shape:
+    raise ValueError(
+      f"prompt_ids {prompt_ids.shape} and prompt_mask {prompt_mask.shape} must be equal "
+      "[P, S] shapes."
+    )
+  return prompt_ids, prompt_mask
+
+
+def _score(
+  out: sampling.Completions, score_fn: ScoreFn, num_prompts: int, population_size: int
+) -> tuple[np.ndarray, PopulationStats]:
+  """Host side of ``evaluate_population``: scores this process's members, gathers the ``[N, P]``
+  rewards and ``[N]`` statistics of every host, and averages the rewards into fitness."""
   members = sharding_lib.local_rows(out.tokens)[0]
   local = sampling.Completions(*(sharding_lib.local_rows(x)[1] for x in out))
   rewards = np.zeros((len(members), num_prompts), np.float32)

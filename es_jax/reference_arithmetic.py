@@ -24,9 +24,9 @@ PyTorch computes bf16 tensor ops):
   ``Δ = Σ_i c_i ε_i`` (float32, member by member, ``c_i = (α/N) z_i``),
   ``w ← round(w + round(Δ))``. The reproduction makes the noise independent per tensor by mixing
   the seed with a hash of the tensor's name; es_jax uses its own key-derived per-tensor noise
-  instead, ``ε_i = noise.sample_noise(θ, member_key(step_key, i))`` (leaf ``l``'s key is
+  instead, ``ε_i = noise.sample_noise(θ, member_key(step_key, i), spec)`` (leaf ``l``'s key is
   ``noise.leaf_key(member_key, l)``): the ε of the default "fp32" mode, so the two differ only in
-  arithmetic. Its members are ``noise.perturb(..., precision="bf16_faithful")``.
+  arithmetic. Its members are ``noise.perturb`` with ``precision="bf16_faithful"``.
 
 For float32 weights every rounding is exact except the products and sums.
 
@@ -47,6 +47,9 @@ from es_jax import noise as noise_lib
 
 SHARED_NOISE, TENSOR_NOISE = noise_lib.IN_PLACE_PRECISIONS
 MODES = noise_lib.IN_PLACE_PRECISIONS
+# The per-tensor mode's arithmetic on one member key at a time (population size not read).
+_FAITHFUL = noise_lib.NoiseSpec(1, precision="bf16_faithful")
+_FULL_RANK = noise_lib.NoiseSpec(1)
 
 
 def _round(x: jax.Array, dtype: Any) -> jax.Array:
@@ -99,7 +102,7 @@ def _step(params: Any, eps: Any, scale: jax.Array) -> Any:
 
 def _tensor_step(params: Any, key: jax.Array, scale: jax.Array, sharded: bool) -> Any:
   """``round(w + round(scale · ε))`` with es_jax's per-tensor ε of member key ``key``."""
-  return noise_lib.perturb(params, key, scale, precision="bf16_faithful", sharded=sharded)
+  return noise_lib.perturb(params, key, scale, _FAITHFUL, sharded=sharded)
 
 
 def perturb(
@@ -169,7 +172,7 @@ def update(
 
     def add_member(i, delta):
       key = noise_lib.member_key(step_key, i)
-      return noise_lib.perturb(delta, key, coef[i], sharded=sharded)  # float32: Δ + c_i ε_i
+      return noise_lib.perturb(delta, key, coef[i], _FULL_RANK, sharded=sharded)  # Δ + c_i ε_i
 
     delta = jax.lax.fori_loop(0, n, add_member, zeros)
     return _step(params, delta, jnp.float32(1.0))

@@ -173,46 +173,6 @@ def place_params(params: Any, mesh: Mesh) -> Any:
   return jax.tree.map(put, params, shardings)
 
 
-def population_spec(ndim: int) -> PartitionSpec:
-  """Spec splitting the leading (population or batch) axis over ``'pop'``, the rest whole."""
-  if ndim < 1:
-    raise ValueError("population_spec: a population/batch array needs at least one axis.")
-  return PartitionSpec("pop", *([None] * (ndim - 1)))
-
-
-def population_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
-  """``NamedSharding`` splitting the leading axis of an ``ndim``-array over ``'pop'``."""
-  return NamedSharding(mesh, population_spec(ndim))
-
-
-def check_divisible(size: int, mesh: Mesh, *, name: str) -> None:
-  """Raises ValueError unless the ``'pop'`` axis of ``mesh`` divides ``size``."""
-  pop = mesh.shape["pop"]
-  if size % pop:
-    raise ValueError(
-      f"{name}={size} is not divisible by the mesh's 'pop' axis ({pop} devices): use a "
-      f"multiple of {pop} or a mesh with a 'pop' axis that divides {size}."
-    )
-
-
-def shard_population(tree: Any, mesh: Mesh) -> Any:
-  """Places every array of ``tree`` with its leading axis split over ``'pop'``.
-
-  Works on one host with host (numpy) values. On several hosts every process must pass the
-  same global values (each keeps only its own slice).
-  """
-
-  def put(x):
-    x = np.asarray(x) if not isinstance(x, jax.Array) else x
-    check_divisible(x.shape[0], mesh, name="leading axis size")
-    sharding = population_sharding(mesh, x.ndim)
-    if isinstance(x, jax.Array):
-      return jax.device_put(x, sharding)
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
-
-  return jax.tree.map(put, tree)
-
-
 def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
   """The rows (axis 0) of an array split over ``'pop'`` that this process holds.
 

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import checkpoint, models, noise, population, rewards, sampling
+from es_jax import members, models, noise, population, preemption, rewards, sampling
 from experiments import config_check, diversity, eval_results, model_io, run_data
 
 log = logging.getLogger(__name__)
@@ -52,9 +52,7 @@ def survival(params32, compute_dtype, step_key, sigma: float, spec: noise.NoiseS
 
   @jax.jit
   def kept(p_tree, s, probe):
-    member = noise.perturb_member(
-      p_tree, step_key, 0, s, rank=spec.rank, low_rank_vectors=spec.low_rank_vectors
-    )
+    member = members.perturb_member(p_tree, step_key, 0, s, spec)
     num = den = 0.0
     for p, m in zip(jax.tree.leaves(p_tree), jax.tree.leaves(member), strict=True):
       rounded = m.astype(probe.dtype).astype(jnp.float32) - p.astype(probe.dtype)
@@ -219,12 +217,7 @@ def measure_sigma(config, source, params32, base, examples, score, sigma: float,
   sub = ml_collections.ConfigDict(config.to_dict())
   sub.diversity.sigma = sigma
   study = diversity.Study(sub, source)
-  spec = noise.NoiseSpec(
-    study.members,
-    antithetic=bool(config.es.antithetic),
-    rank=int(config.es.rank) or None,
-    low_rank_vectors=config.es.low_rank_vectors,
-  )
+  spec = study.spec  # the population's noise, as the study samples it
   row = {"sigma": sigma, "members": study.members}
   row.update(survival(params32, source["model_config"].jnp_dtype, source["step_key"], sigma, spec))
   row.update(greedy_row(study, spec, base, examples, sigma, score))
@@ -259,7 +252,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   rows = []
   for j, sigma in enumerate(float(s) for s in d.sigmas):
     if sigma not in done:
-      if checkpoint.preempted():  # SIGTERM: a rerun measures the σ not yet in `partial`
+      if preemption.preempted():  # SIGTERM: a rerun measures the σ not yet in `partial`
         return {"stopped": True}
       key_j = jax.random.fold_in(key, j)
       done[sigma] = measure_sigma(config, source, params32, base, examples, score, sigma, key_j)

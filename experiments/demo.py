@@ -29,7 +29,7 @@ from typing import Any
 
 import ml_collections
 
-from es_jax import checkpoint
+from es_jax import preemption
 from experiments import config_check, es, eval_results, evaluate, grpo, report, sequential
 from experiments.logger import format_seconds
 
@@ -113,7 +113,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   for n in names:
     config_check.check(n in RUNS, "demo.runs", config.demo.runs, f"each run one of {tuple(RUNS)}")
   clock = Clock({"base": 0, **{n: _steps(config, RUNS[n][0]) for n in names}})
-  with checkpoint.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
+  with preemption.sigterm_scope():  # one flag for every run: after a SIGTERM none starts
     base_dir = os.path.join(workdir, "base")
     if _table(base_dir) is None:
       log.info("demo: evaluating the base model into %s", base_dir)
@@ -132,7 +132,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         log.info("demo: %s already finished in %s", name, sub_dir)
         clock.done(name)
         continue
-      if checkpoint.preempted():
+      if preemption.preempted():
         return {"stopped": True}
       log.info("demo: %s (%d of %d) into %s | %s", name, i, len(names), sub_dir, clock.line())
       t0 = time.perf_counter()
@@ -140,7 +140,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       if result.get("stopped"):
         return {"stopped": True}
       clock.done(name, time.perf_counter() - t0)
-    if checkpoint.preempted():
+    if preemption.preempted():
       return {"stopped": True}
     elapsed = format_seconds(time.perf_counter() - clock.t0)
     log.info("demo: every run finished (%s in this process)", elapsed)

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import grpo, metrics, models, noise, population, rewards, sampling, sharding
+from es_jax import grpo, members, metrics, models, noise, population, rewards, sampling, sharding
 from es_jax.checkpoint import Checkpointer
 from es_jax.models.transformer import forward, positions_from_mask
 from experiments import config_check, eval_results, model_io, plots, run_context, run_data, sparsity
@@ -121,9 +121,7 @@ def checkpoint_steps(ckpt_dir: str) -> list[int]:
     ckpt.close()
 
 
-@functools.partial(
-  jax.jit, static_argnames=("config", "rank", "antithetic", "low_rank_vectors", "completion_length")
-)
+@functools.partial(jax.jit, static_argnames=("config", "spec", "completion_length"))
 def _member_loglik(
   params,
   step_key,
@@ -134,25 +132,11 @@ def _member_loglik(
   mask,
   *,
   config,
-  rank,
-  antithetic,
-  low_rank_vectors,
+  spec,
   completion_length,
 ):
-  """[B] log π_i(completion | prompt) at `temperature` for member i of the population."""
-  if rank is None:
-    params_i = noise.perturb_member(params, step_key, i, sigma, antithetic=antithetic)
-    deltas = scale = None
-  else:
-    params_i, deltas, scale = population.low_rank_member(
-      params,
-      step_key,
-      i,
-      sigma,
-      rank=rank,
-      antithetic=antithetic,
-      low_rank_vectors=low_rank_vectors,
-    )
+  """[B] log π_i(completion | prompt) at `temperature` for member i of the population `spec`."""
+  params_i, deltas, scale = members.member(params, step_key, i, sigma, spec)
 
   def apply(p, t, m):
     logits, _ = forward(
@@ -282,9 +266,7 @@ class Study:
           jnp.asarray(full),
           jnp.asarray(full_mask),
           config=self.source["model_config"],
-          rank=self.spec.rank,
-          antithetic=self.spec.antithetic,
-          low_rank_vectors=self.spec.low_rank_vectors,
+          spec=self.spec,
           completion_length=t,
         )
       )

@@ -54,10 +54,10 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
       weights already in the model's dtype).
 
   Returns:
-    The validated spec; a bad field raises ValueError prefixed ``config.es:``.
+    The validated spec; a bad field raises ConfigError prefixed ``config.es:``.
   """
   precision = cfg.get("precision", "fp32")
-  try:
+  with config_check.user_errors("config.es"):
     return noise.NoiseSpec(
       int(cfg.population_size),
       antithetic=bool(cfg.antithetic),
@@ -65,21 +65,18 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
       low_rank_vectors=cfg.low_rank_vectors,
       precision="fp32" if precision == "bf16" else precision,
     )
-  except ValueError as e:
-    raise ValueError(f"config.es: {e}") from None
 
 
 def decoding(
   cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int
 ) -> sampling.Decoding:
   """The members' ``sampling.Decoding`` from ``config.es`` (max_new_tokens, temperature, top_p)
-  and the tokenizer's stop and pad tokens; a bad field raises ValueError prefixed ``config.es:``."""
-  try:
+  and the tokenizer's stop and pad tokens; a bad field raises ConfigError
+  prefixed ``config.es:``."""
+  with config_check.user_errors("config.es"):
     return sampling.Decoding(
       int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), eos_ids, pad_id
     )
-  except ValueError as e:
-    raise ValueError(f"config.es: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,10 +122,8 @@ def make_update_rule(
   config_check.positive_finite(cfg.sigma, "es.sigma")
   config_check.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
   spec = noise_spec(cfg) if spec is None else spec
-  try:
+  with config_check.user_errors("config.es"):
     fitness_lib.validate_shaping(cfg.shaping)
-  except ValueError as e:
-    raise ValueError(f"config.es: {e}") from None
   return UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
 
 
@@ -216,24 +211,23 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     g = stage.offset + step - 1  # the global index of this step's inputs
     step_key = jax.random.fold_in(ctx.keys["noise"], g)
     examples, ids, mask = run_data.step_batch(ctx, g)
-    try:
-      fitness, stats = population.evaluate_population(
-        state["params"],
-        ids,
-        mask,
-        config=ctx.model_config,
-        step_key=step_key,
-        sigma=float(cfg.sigma),
-        spec=spec,
-        decoding=members_decoding,
-        score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
-        mesh=ctx.mesh,
-        members_per_chunk=int(cfg.members_per_chunk),
-        sample_key=jax.random.fold_in(ctx.keys["sample"], g),
-        share_sample_key=bool(cfg.share_sample_key),
-      )
-    except ValueError as e:
-      raise ValueError(f"config.es: {e}") from None
+    # The config's errors were raised before the loop (noise_spec, decoding, make_update_rule,
+    # run_context's mesh check); one raised here is a bug or bad data, reported as itself.
+    fitness, stats = population.evaluate_population(
+      state["params"],
+      ids,
+      mask,
+      config=ctx.model_config,
+      step_key=step_key,
+      sigma=float(cfg.sigma),
+      spec=spec,
+      decoding=members_decoding,
+      score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
+      mesh=ctx.mesh,
+      members_per_chunk=int(cfg.members_per_chunk),
+      sample_key=jax.random.fold_in(ctx.keys["sample"], g),
+      share_sample_key=bool(cfg.share_sample_key),
+    )
     shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
     if cfg.precision in reference_arithmetic.MODES:
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)

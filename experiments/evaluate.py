@@ -33,7 +33,6 @@ uninterrupted run's.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import logging
 import os
@@ -49,8 +48,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from es_jax import checkpoint as checkpoint_lib
-from es_jax import data, models, rewards, sampling
+from es_jax import data, models, preemption, rewards, sampling
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
 from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
@@ -378,12 +376,6 @@ class Evaluator:
       EvaluationStopped: the run's SIGTERM flag was set before a batch.
     """
     n = int(self.config.num_samples)
-    batches = itertools.count(1)
-
-    def should_stop() -> bool:
-      checkpoint_lib.sigterm_point(f"eval:{next(batches)}")
-      return checkpoint_lib.preempted()
-
     return evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
       model_config,
@@ -393,7 +385,7 @@ class Evaluator:
       log_progress=True,
       keep_samples=int(self.config.keep_samples),
       run_info=run_info,
-      should_stop=should_stop,
+      should_stop=preemption.preempted,
       **self._kwargs(n),
     )
 
@@ -432,13 +424,13 @@ def stopped_result(what: str) -> dict[str, Any]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   config_check.validate(config)
-  with checkpoint_lib.sigterm_scope():
+  with preemption.sigterm_scope():
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
     evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed))
     write_run_files(workdir, config)  # config.json and versions.json, as training runs have
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
-    if checkpoint_lib.preempted():
+    if preemption.preempted():
       return stopped_result("nothing evaluated yet")
     try:
       ev = evaluator.final(

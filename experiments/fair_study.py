@@ -33,7 +33,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from es_jax import checkpoint, metrics, models
+from es_jax import metrics, models, preemption
 from experiments import (
   calibration,
   config_check,
@@ -232,12 +232,12 @@ def intro_lines(workdir: str, choice: dict[str, Any]) -> list[str]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="fair_study"`: the stages of the module docstring; returns {"report": path}."""
   config_check.validate(config)
-  with checkpoint.sigterm_scope():
+  with preemption.sigterm_scope():
     sigma = calibrated_sigma(config, workdir)
     if sigma is None:
       return {"stopped": True}
     choice = run_pilots(config, workdir, sigma)
-    if choice.get("stopped") or checkpoint.preempted():
+    if choice.get("stopped") or preemption.preempted():
       return {"stopped": True}
     tuned = _sub(
       config,

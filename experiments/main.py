@@ -12,7 +12,7 @@ in one line `error: ...` naming the dotted field (exit status 2, no traceback); 
 files, bad data and a workdir that holds another method's run. `--dry_run` also loads the model and
 the data, then exits 0 without training. Rerunning the same command resumes from the newest
 checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation) saves what
-was done and exits 0 (`es_jax.checkpoint.sigterm_scope`, one flag for the whole command); a second
+was done and exits 0 (`es_jax.preemption.sigterm_scope`, one flag for the whole command); a second
 run on a DIR in use is refused (`experiments.workdir_lock`). On a
 multi-host TPU slice run the same command on every worker
 (jax.distributed joins them).
@@ -241,11 +241,11 @@ def main(argv) -> None:
     return
   if not _WORKDIR.value:
     user_error("--workdir is required: the run directory (local or gs://).")
-  from es_jax import checkpoint
+  from es_jax import preemption
 
   # One SIGTERM flag from here to the end (every stage, the final evaluation and export): a
   # SIGTERM at any moment ends the run with its state saved and exit status 0.
-  with checkpoint.sigterm_scope():
+  with preemption.sigterm_scope():
     summary = _main()
   print(json.dumps(summary, indent=1, default=str))
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import ml_collections
 
-from es_jax import checkpoint
+from es_jax import preemption
 from experiments import config_check, es, grpo, run_context, run_data, train_loop
 
 TRAINERS = {"es": es.train, "grpo": grpo.train}
@@ -71,7 +71,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.check(
     reference in KL_REFERENCES, "sequential.kl_reference", reference, f"use one of {KL_REFERENCES}"
   )
-  with checkpoint.sigterm_scope():  # one flag for both stages and the final evaluation
+  with preemption.sigterm_scope():  # one flag for both stages and the final evaluation
     ctx = run_context.make_context(config, workdir)
     params = ctx.base_params
     for i, stage in enumerate(stages(config, ctx.workdir)):

@@ -28,7 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import fitness as fitness_lib
-from es_jax import memory_plan, models, population, sampling
+from es_jax import members, memory_plan, models, population, sampling
 from es_jax import sharding as sharding_lib
 from es_jax.models import hf as hf_lib
 
@@ -305,7 +305,6 @@ class Setup:
     from experiments import es as es_run  # imports the runners' dependencies: only when used
 
     spec = es_run.noise_spec(c)  # the spec the ES runner evaluates with
-    rank = spec.rank
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
     # The runner's decode settings, with abstract temperature and top-p (what it traces).
@@ -314,30 +313,21 @@ class Setup:
     args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))
     args += (_key(mesh), _key(mesh), scalar, decoding)
     lowered = population.population_completions.lower(*args, **kw)
-    return lowered, lambda: self._members_step(m, P_, T, rank), (T * n) // (self.pop * m)
+    return lowered, lambda: self._members_step(m, P_, T, spec), (T * n) // (self.pop * m)
 
-  def _members_step(self, m, num_prompts, T, rank):
+  def _members_step(self, m, num_prompts, T, spec):
     """One chunk's decode on one 'pop' slot (the model axis kept), 1-token prompts."""
-    c, cfg = self.config.es, self.model_config
+    cfg = self.model_config
     mesh = make_mesh(self.devices, 1, self.mesh.shape["model"])
-    if rank is None:
+    if spec.rank is None:
       params, axes, deltas, daxes = abstract_params(cfg, mesh, (m,)), None, None, None
       axes = jax.tree.map(lambda _: 0, params)
     else:
       base = abstract_params(cfg, mesh)
       p_i, d_i, _ = jax.eval_shape(
-        lambda p: population.low_rank_member(
-          p,
-          jax.random.key(0),
-          0,
-          1.0,
-          rank=rank,
-          antithetic=bool(c.antithetic),
-          low_rank_vectors=c.low_rank_vectors,
-        ),
-        base,
+        lambda p: members.member(p, jax.random.key(0), 0, 1.0, spec), base
       )
-      own = population.member_owned_leaves(base, rank=rank, low_rank_vectors=c.low_rank_vectors)
+      own = members.member_owned_leaves(base, spec)
       leaves = [
         _sds((m, *x.shape), x.dtype, mesh) if o else b
         for x, b, o in zip(jax.tree.leaves(p_i), jax.tree.leaves(base), own, strict=True)
@@ -356,7 +346,7 @@ class Setup:
         params_axes=axes,
         deltas=deltas,
         deltas_axes=daxes,
-        delta_scale=None if rank is None else jnp.float32(0.001),
+        delta_scale=None if spec.rank is None else jnp.float32(0.001),
         max_new_tokens=self.prompt_len + T - 1,
         config=cfg,
         temperature=temperature,

@@ -22,9 +22,8 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from es_jax import checkpoint as checkpoint_lib
-from es_jax import metrics
-from es_jax.checkpoint import Checkpointer, install_sigterm_handler
+from es_jax import integrity, metrics, preemption
+from es_jax.checkpoint import Checkpointer
 from experiments import evaluate, model_io, report, run_context, run_data, samples_log
 from experiments.config_check import ConfigError, check, positive_int
 from experiments.logger import (
@@ -114,16 +113,16 @@ class Loop:
     for step in loop.steps():           # local steps start+1 .. num_steps; stops on SIGTERM
       state, metrics = ...
       loop.end_step(step, state, metrics)
-    return loop.close(state)
+    return StageResult(state["params"], finished=loop.close())
   """
 
   def __init__(self, ctx: run_context.Context, stage: Stage, state: Any):
     # The run's flag (one `sigterm_scope` around the whole run: a signal seen in an earlier stage
     # or at startup stops this one before its first step); a stage run alone installs its own.
-    self.preempt = checkpoint_lib.active_handler()
+    self.preempt = preemption.active_handler()
     self._own_handler = self.preempt is None
     if self._own_handler:
-      self.preempt = install_sigterm_handler()
+      self.preempt = preemption.install_sigterm_handler()
     cfg = ctx.config.checkpoint
     positive_int(cfg.every, "checkpoint.every")
     positive_int(cfg.keep, "checkpoint.keep")
@@ -156,7 +155,6 @@ class Loop:
         )
     if restored is None:
       self.state, self.start = state, 0
-      resume = stage.offset
     else:
       self.state, self.start = restored.state, int(restored.meta["step"])
       check(
@@ -165,23 +163,14 @@ class Loop:
         stage.num_steps,
         f"the checkpoint in {stage.ckpt_dir} is at step {self.start}, beyond the budget",
       )
-      resume = stage.offset + self.start
       log.info("%s: resumed from step %d of %d", stage.name, self.start, stage.num_steps)
-    if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
-      resume = None
-    elif restored is None and stage.offset == 0:  # a fresh run: drop a killed attempt's lines
-      resume = -1
-    self.logger = RunLogger(
-      ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
-    )
+    self.logger, resume = self._logger(fresh=restored is None and stage.offset == 0)
     self.samples = samples_log.TrainSamples(
       self.logger,
       every=int(ctx.config.log_samples_every),
       count=int(ctx.config.log_samples),
       resume_step=resume,
     )
-    if resume == -1 and ctx.config.eval.every > 0 and not self.preempt.should_stop():
-      self.logger.log(0, self._periodic(ctx.base_params, 0))  # the base model
     self.stopped = False
     self.bar = ProgressBar(
       stage.num_steps,
@@ -200,6 +189,21 @@ class Loop:
         f" (resumed from step {self.start})" if self.start else "",
       )
     self._t = time.perf_counter()
+
+  def _logger(self, *, fresh: bool) -> tuple[RunLogger, int | None]:
+    """The run's logger and resume step: metrics.jsonl truncated to this stage's resume point (a
+    fresh run drops a killed attempt's lines and logs the base model's evaluation as step 0)."""
+    ctx, stage = self.ctx, self.stage
+    if self.start == stage.num_steps:  # nothing left to run (a finished first stage): no truncation
+      resume = None
+    else:
+      resume = -1 if fresh else stage.offset + self.start
+    logger = RunLogger(
+      ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
+    )
+    if resume == -1 and ctx.config.eval.every > 0 and not self.preempt.should_stop():
+      logger.log(0, self._periodic(ctx.base_params, 0))  # the base model
+    return logger, resume
 
   def _restore(self, workdir: str, state: Any):
     """The newest checkpoint as this stage's state, None if none; a checkpoint of another
@@ -258,7 +262,6 @@ class Loop:
         self.stopped = True
         return
       self._t = time.perf_counter()
-      checkpoint_lib.sigterm_point(f"{self.stage.label or self.stage.name}:{step}")
       yield step
     self.stopped = self.preempt.should_stop()
 
@@ -363,14 +366,14 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
   A SIGTERM during the final evaluation stops it between batches (the finished problems are in
   eval/*.jsonl, a rerun evaluates the rest); then nothing is exported and DONE is not written.
   """
-  if stopped or checkpoint_lib.preempted():
+  if stopped or preemption.preempted():
     return evaluate.stopped_result("checkpoint saved")
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
     eval_dir = os.path.join(ctx.workdir, "eval")
     log.info("final evaluation into %s", eval_dir)
     # The records say which params they score: a run extended to more steps re-evaluates.
-    run_info = {"params_digest": checkpoint_lib.tree_digest(params)}
+    run_info = {"params_digest": integrity.tree_digest(params)}
     set_aside_stale_evaluation(eval_dir, run_info)
     try:
       ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
@@ -378,7 +381,7 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
       return evaluate.stopped_result("the evaluated problems are saved in eval/")
     results["eval"] = ev["macro"]
     final_summaries(ctx, ev)
-  if checkpoint_lib.preempted():
+  if preemption.preempted():
     return evaluate.stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
     results["hf"] = model_io.export_hf(
@@ -394,7 +397,7 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
 def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train_fn) -> dict:
   """One method from the base model: `config.<name>.num_steps` steps of `train_fn`, then
   `finish` (evaluation, export, plots)."""
-  with checkpoint_lib.sigterm_scope():
+  with preemption.sigterm_scope():
     ctx = run_context.make_context(config, workdir)
     n = positive_int(config[name].num_steps, f"{name}.num_steps")
     stage = Stage(name, n, os.path.join(ctx.workdir, "checkpoints"))

@@ -1,10 +1,7 @@
-"""Tests for es_jax.checkpoint: bit-exact round trips, keep-N, atomicity, corruption, SIGTERM."""
+"""Tests for es_jax.checkpoint: bit-exact round trips, keep-N, atomicity, corruption."""
 
 import os
 import shutil
-import signal
-import threading
-import time
 
 import jax
 import jax.numpy as jnp
@@ -16,10 +13,6 @@ from es_jax.checkpoint import (
   Checkpointer,
   CorruptCheckpointError,
   CorruptCheckpointWarning,
-  active_handler,
-  install_sigterm_handler,
-  sigterm_point,
-  sigterm_scope,
 )
 
 # Orbax/tensorstore log an "Event loop is closed" from a failed read's cleanup thread.
@@ -206,53 +199,6 @@ def test_explicit_corrupt_step_raises_and_mismatch_moves_nothing(tmp_path, key):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name[0].isdigit()) == ["1", "2"]
 
 
-def test_sigterm_sets_flag_and_restores_handler():
-  previous = signal.getsignal(signal.SIGTERM)
-  with install_sigterm_handler() as preempt:
-    assert not preempt.requested and not preempt.should_stop()
-    os.kill(os.getpid(), signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    while not preempt.requested and time.monotonic() < deadline:
-      time.sleep(0.01)  # the handler runs on the main thread between bytecodes
-    assert preempt.requested and preempt.should_stop()
-    assert preempt.signum == signal.SIGTERM
-  # Still alive here, and the previous handler is back.
-  assert signal.getsignal(signal.SIGTERM) == previous
-
-
-def test_sigterm_scope_is_one_flag_for_nested_scopes(monkeypatch):
-  previous = signal.getsignal(signal.SIGTERM)
-  assert active_handler() is None
-  with sigterm_scope() as outer:
-    with sigterm_scope() as inner:  # e.g. a stage inside a run: the same flag
-      assert inner is outer and active_handler() is outer
-      monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "1_es:2")
-      sigterm_point("1_es:1")  # another point: nothing sent
-      assert not outer.requested
-      sigterm_point("1_es:2")
-      deadline = time.monotonic() + 5
-      while not outer.requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-    # The inner scope ended; the flag and the handler are still the run's.
-    assert outer.requested and signal.getsignal(signal.SIGTERM) == outer._handle
-  assert active_handler() is None and signal.getsignal(signal.SIGTERM) == previous
-
-
-def test_sigterm_handler_refuses_other_threads():
-  errors = []
-
-  def target():
-    try:
-      install_sigterm_handler()
-    except RuntimeError as err:
-      errors.append(err)
-
-  thread = threading.Thread(target=target)
-  thread.start()
-  thread.join()
-  assert errors and "main thread" in str(errors[0])
-
-
 def test_only_checkpoint_uncommitted_means_fresh_start(tmp_path, key):
   states = _save_steps(tmp_path, key, [1])
   _delete_commit_marker(tmp_path / "1")
@@ -374,42 +320,3 @@ def test_without_manifest_check_a_bit_flip_goes_unnoticed(tmp_path, key):
     with pytest.raises(CorruptCheckpointError, match="state/w: contents") as info:
       ckpt.restore(3, abstract_state=_big_state(key, 3))
   assert info.value.__notes__ == [f"Files changed since the save: {flipped} (contents changed)"]
-
-
-def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
-  from es_jax import checkpoint
-
-  x = jax.random.normal(key, (16, 8), jnp.float32)
-  mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
-  sharded = jax.device_put(x, jax.NamedSharding(mesh, jax.P("pop")))
-  plain = checkpoint._tree_manifest({"x": x, "b": x.astype(jnp.bfloat16), "k": True})
-  assert checkpoint._tree_manifest({"x": sharded})["x"] == plain["x"]
-  # Leaves on different devices (a mesh and one other device) are digested separately.
-  mixed = checkpoint._tree_manifest({"x": sharded, "y": jax.device_put(x, jax.devices()[3])})
-  assert mixed["x"] == mixed["y"] == plain["x"]
-  bits = np.asarray(x).view(np.uint32).copy()
-  bits[5, 3] ^= 1 << 31
-  flipped = checkpoint._tree_manifest({"x": jnp.asarray(bits.view(np.float32))})
-  assert flipped["x"]["digest"] != plain["x"]["digest"]
-  assert plain["b"]["dtype"] == "bfloat16" and plain["k"]["shape"] == []
-
-
-def test_tree_digest_ignores_sharding_and_sees_one_bit():
-  from jax.sharding import NamedSharding
-  from jax.sharding import PartitionSpec as P
-
-  from es_jax import checkpoint, sharding
-
-  tree = {"a": jnp.arange(64.0).reshape(8, 8), "b": {"c": jnp.ones(3, jnp.bfloat16)}}
-  mesh = sharding.make_mesh(8, 1)
-  split = {**tree, "a": jax.device_put(tree["a"], NamedSharding(mesh, P("pop")))}
-  assert len(split["a"].sharding.device_set) == 8
-  digest = checkpoint.tree_digest(tree)
-  assert checkpoint.tree_digest(split) == digest and len(digest) == 16
-  bits = jax.lax.bitcast_convert_type(tree["a"], jnp.uint32).at[3, 5].add(1)
-  flipped = {**tree, "a": jax.lax.bitcast_convert_type(bits, jnp.float32)}
-  assert checkpoint.tree_digest(flipped) != digest
-  assert checkpoint.tree_digest({**tree, "b": {"c": jnp.ones(3)}}) != digest  # dtype counts
-  # numpy leaves count the same as jax ones, bfloat16 (an ml_dtypes type, kind "V") included
-  host = jax.tree.map(np.asarray, tree)
-  assert host["b"]["c"].dtype.kind == "V" and checkpoint.tree_digest(host) == digest

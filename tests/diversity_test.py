@@ -98,13 +98,15 @@ def test_coverage_weights_by_hand():
 def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():
   # Toy: prompt p is solved with reward sigmoid(10 θ_p); every prompt improves with θ.
   from es_jax import noise
+  from es_jax.members import perturb_member
 
   n, sigma = 8, 0.1
-  opt = optax.chain(es_lib.es_gradient(noise.NoiseSpec(n), shaping="coverage"), optax.sgd(0.05))
+  spec = noise.NoiseSpec(n)
+  opt = optax.chain(es_lib.es_gradient(spec, shaping="coverage"), optax.sgd(0.05))
 
   @jax.jit
   def step(params, state, key):
-    members = jax.vmap(lambda i: noise.perturb_member(params, key, i, sigma)["w"])(jnp.arange(n))
+    members = jax.vmap(lambda i: perturb_member(params, key, i, sigma, spec)["w"])(jnp.arange(n))
     updates, state = opt.update(
       params, state, params, fitness=jax.nn.sigmoid(10 * members), key=key
     )

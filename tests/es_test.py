@@ -10,6 +10,7 @@ import optax
 import pytest
 
 from es_jax import es, fitness, noise
+from es_jax.members import perturb_member
 
 N = 8
 SIGMA = 0.1
@@ -23,15 +24,21 @@ def _params(dtype=jnp.float32):
 
 
 # Shared jitted direction: tests hit its cache instead of compiling again.
-_direction = jax.jit(
-  es.es_update_direction,
-  static_argnames=("population_size", "antithetic", "rank", "low_rank_vectors"),
-)
+_direction_jit = jax.jit(es.es_update_direction, static_argnames=("spec",))
+
+
+def _direction(params, weights, key, *, population_size, **kw):
+  return _direction_jit(params, weights, key, spec=noise.NoiseSpec(population_size, **kw))
+
+
+def _spec(**kw):
+  return noise.NoiseSpec(N, **kw)
 
 
 def _explicit(params, weights, key, **kw):
   """-(1/N) Σ_i w_i ε_i from materialised member noise, in float64."""
-  eps = [noise.materialize(noise.member_noise(params, key, i, **kw)) for i in range(len(weights))]
+  spec = noise.NoiseSpec(len(weights), **kw)
+  eps = [noise.materialize(noise.member_noise(params, key, i, spec)) for i in range(len(weights))]
   return jax.tree.map(
     lambda *e: -np.tensordot(np.asarray(weights, np.float64), np.stack(e), axes=1) / len(weights),
     *eps,
@@ -69,7 +76,7 @@ def test_update_regenerates_the_evaluation_noise(key, kw):
   for i in (0, 5):
     onehot = jnp.zeros((N,)).at[i].set(N)
     got = _direction(params, onehot, key, population_size=N, **kw)
-    used = noise.materialize(noise.member_noise(params, key, i, **kw))
+    used = noise.materialize(noise.member_noise(params, key, i, _spec(**kw)))
     for g, u in zip(jax.tree.leaves(got), jax.tree.leaves(used), strict=True):
       if kw["rank"] is None:
         np.testing.assert_array_equal(g, u)
@@ -122,9 +129,7 @@ def test_memory_is_not_population_times_params(key):
   params = {"big": jnp.zeros((4096,))}
   weights = jnp.ones((64,))
   hlo = (
-    jax.jit(
-      functools.partial(es.es_update_direction, population_size=64, antithetic=False, rank=None)
-    )
+    jax.jit(functools.partial(es.es_update_direction, spec=noise.NoiseSpec(64)))
     .lower(params, weights, key)
     .as_text()
   )
@@ -200,8 +205,9 @@ def test_cosine_with_true_gradient(key):
 
   @jax.jit
   def estimate(params, key):
-    r = jax.vmap(lambda i: f(noise.perturb_member(params, key, i, sigma)["theta"]))(jnp.arange(pop))
-    tx = es.es_gradient(noise.NoiseSpec(pop))
+    spec = noise.NoiseSpec(pop)
+    r = jax.vmap(lambda i: f(perturb_member(params, key, i, sigma, spec)["theta"]))(jnp.arange(pop))
+    tx = es.es_gradient(spec)
     return tx.update(None, tx.init(params), params, fitness=r, key=key)[0]["theta"]
 
   g_es = -estimate(params, key)  # ascent direction
@@ -225,8 +231,8 @@ def _rosenbrock(theta):
 def _optimise(problem, *, optimiser):
   """1000 ES steps from θ = 0 (N = 16, σ = 0.02); returns f per step. ``problem`` is traced
   (lax.switch) so one compile serves both objectives."""
-  pop, sigma = 16, 0.02
-  tx = optax.chain(es.es_gradient(noise.NoiseSpec(pop)), optimiser(0.02))
+  spec, sigma = noise.NoiseSpec(16), 0.02
+  tx = optax.chain(es.es_gradient(spec), optimiser(0.02))
 
   def f(theta):
     return jax.lax.switch(problem, [_quadratic, _rosenbrock], theta)
@@ -234,8 +240,8 @@ def _optimise(problem, *, optimiser):
   def step(carry, t):
     params, state = carry
     k = jax.random.fold_in(jax.random.key(1), t)
-    members = jnp.arange(pop)
-    r = jax.vmap(lambda i: f(noise.perturb_member(params, k, i, sigma)["theta"]))(members)
+    members = jnp.arange(spec.population_size)
+    r = jax.vmap(lambda i: f(perturb_member(params, k, i, sigma, spec)["theta"]))(members)
     updates, state = tx.update(None, state, params, fitness=r, key=k)
     params = optax.apply_updates(params, updates)
     return (params, state), f(params["theta"])
@@ -286,7 +292,7 @@ def test_bad_inputs_name_the_value(key):
   with pytest.raises(ValueError, match=r"returned shape \(\), expected \(8,\)"):
     fitness.shape_fitness(jnp.zeros((N,)), population_size=N, shaping=jnp.sum)
   with pytest.raises(ValueError, match=r"fitness_weights has shape \(4,\), expected \(8,\)"):
-    es.es_update_direction(params, jnp.zeros((4,)), key, population_size=N)
+    es.es_update_direction(params, jnp.zeros((4,)), key, noise.NoiseSpec(N))
 
 
 def test_precision_modes_update_as_the_numpy_reference(key):
@@ -381,16 +387,7 @@ def test_one_spec_evaluation_and_update_agree(key, kw):
   params = {"b": jnp.zeros((6,)), "w": jnp.zeros((3, 5, 4))}
   tx = es.es_gradient(spec, shaping=lambda r: r)
   for i in (0, 5):
-    member = noise.perturb_member(
-      params,
-      key,
-      i,
-      SIGMA,
-      antithetic=spec.antithetic,
-      rank=spec.rank,
-      low_rank_vectors=spec.low_rank_vectors,
-      precision=spec.precision,
-    )
+    member = perturb_member(params, key, i, SIGMA, spec)
     onehot = jnp.zeros((N,)).at[i].set(N)
     updates, _ = tx.update(None, tx.init(params), params, fitness=onehot, key=key)
     for u, m in zip(jax.tree.leaves(updates), jax.tree.leaves(member), strict=True):

@@ -306,7 +306,9 @@ def test_bf16_model_trains_float32_masters():
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
   new, metrics = gt.update_step(state, batch, optimizer=sgd, aggregation="token_mean", **kw)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
-  assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(gt.policy_params(new, cfg)))
+  assert all(
+    x.dtype == jnp.bfloat16 for x in jax.tree.leaves(cast_params(new.params, cfg.jnp_dtype))
+  )
 
   def loss(p):
     length = batch.completion_length

@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from es_jax import es, noise
+from es_jax import es, noise, noise_blocks
+from es_jax.members import perturb_member
 
 # One tree (and few shapes) throughout: every distinct random shape costs an XLA compile.
 RANK = 4
@@ -19,6 +20,10 @@ def _params():
   }
 
 
+def _spec(**kw):
+  return noise.NoiseSpec(16, **kw)
+
+
 def _stack(noises):
   return jax.tree.map(lambda *xs: jnp.stack(xs), *noises)
 
@@ -27,7 +32,7 @@ def _normal(k, shape):
   """The documented full-rank draw, assembled block by block in numpy: block b is
   normal(fold_in(k, b), [B]) placed at s_b = min(b B, n - B) and supplies entries b B on."""
   n = int(np.prod(shape))
-  size = min(noise.NOISE_BLOCK, n)
+  size = min(noise_blocks.NOISE_BLOCK, n)
   out = np.full(n, np.nan, np.float32)
   for b in range(-(-n // size)):
     block = np.asarray(jax.random.normal(jax.random.fold_in(k, b), (size,), jnp.float32))
@@ -43,13 +48,13 @@ def test_member_key_and_leaf_key_contract(key):
   np.testing.assert_array_equal(
     jax.random.key_data(k3), jax.random.key_data(jax.random.fold_in(key, 3))
   )
-  eps = noise.sample_noise(params, k3)
+  eps = noise.sample_noise(params, k3, _spec())
   # Stable leaf order: the order of tree_leaves_with_path.
   for l, (_, leaf) in enumerate(jax.tree_util.tree_leaves_with_path(params)):
     got = jax.tree.leaves(eps)[l]
     np.testing.assert_array_equal(got, _normal(jax.random.fold_in(k3, l), leaf.shape))
     assert got.dtype == jnp.float32
-  low = noise.sample_noise(params, k3, rank=RANK)
+  low = noise.sample_noise(params, k3, _spec(rank=RANK))
   key_a, key_b = jax.random.split(jax.random.fold_in(k3, 1))
   np.testing.assert_array_equal(low["w"].a, _normal(key_a, (4, 32, RANK)))
   np.testing.assert_array_equal(low["w"].b, _normal(key_b, (4, 16, RANK)))
@@ -58,22 +63,24 @@ def test_member_key_and_leaf_key_contract(key):
 
 def test_multi_block_leaf_follows_the_block_rule_in_every_consumer(key):
   # 129 x 1024 = 2 full blocks + 1024 entries: the third block is shifted back to fit.
-  assert 129 * 1024 == 2 * noise.NOISE_BLOCK + 1024
+  assert 129 * 1024 == 2 * noise_blocks.NOISE_BLOCK + 1024
   params = {"big": jnp.full((129, 1024), 0.25, jnp.float32), "v": jnp.zeros((7,), jnp.float32)}
   k = noise.member_key(key, 5)
   want = _normal(jax.random.fold_in(k, 0), (129, 1024))
-  np.testing.assert_array_equal(noise.sample_noise(params, k)["big"], want)
+  np.testing.assert_array_equal(noise.sample_noise(params, k, _spec())["big"], want)
   # The blocks are distinct draws (no entry repeats its neighbour block's offset).
   flat = want.reshape(-1)
   assert not np.array_equal(
-    flat[: noise.NOISE_BLOCK], flat[noise.NOISE_BLOCK : 2 * noise.NOISE_BLOCK]
+    flat[: noise_blocks.NOISE_BLOCK], flat[noise_blocks.NOISE_BLOCK : 2 * noise_blocks.NOISE_BLOCK]
   )
   # perturb adds block by block as it draws: the same values as adding the materialised noise.
-  got = jax.jit(lambda p: noise.perturb_member(p, key, 5, 0.5))(params)
+  got = jax.jit(lambda p: perturb_member(p, key, 5, 0.5, _spec()))(params)
   np.testing.assert_array_equal(got["big"], np.float32(0.25) + np.float32(0.5) * want)
   # The update regenerates the blocks member by member: (1/N) sum_i w_i eps_i.
   w = jnp.asarray([0.5, -1.0, 2.0])
-  direction = jax.jit(lambda p: es.es_update_direction(p, w, key, population_size=3))(params)["big"]
+  direction = jax.jit(lambda p: es.es_update_direction(p, w, key, noise.NoiseSpec(3)))(params)[
+    "big"
+  ]
   explicit = (
     sum(
       float(w[i]) * _normal(jax.random.fold_in(noise.member_key(key, i), 0), (129, 1024))
@@ -86,9 +93,9 @@ def test_multi_block_leaf_follows_the_block_rule_in_every_consumer(key):
 
 def test_regeneration_is_bit_identical_loop_and_jit_vmap(key):
   params = _params()
-  loop = _stack([noise.member_noise(params, key, i, rank=RANK) for i in range(4)])
-  again = noise.member_noise(params, key, 2, rank=RANK)
-  batched = jax.jit(jax.vmap(lambda i: noise.member_noise(params, key, i, rank=RANK)))(
+  loop = _stack([noise.member_noise(params, key, i, _spec(rank=RANK)) for i in range(4)])
+  again = noise.member_noise(params, key, 2, _spec(rank=RANK))
+  batched = jax.jit(jax.vmap(lambda i: noise.member_noise(params, key, i, _spec(rank=RANK))))(
     jnp.arange(4)
   )
   for x, y, z in zip(
@@ -107,7 +114,7 @@ def test_statistics_mean_std_and_correlations(key):
   # give a family-wise false-alarm rate < 3e-4).
   params = _params()
   n = 2048
-  eps = _stack([noise.member_noise(params, key, i) for i in range(16)])
+  eps = _stack([noise.member_noise(params, key, i, _spec()) for i in range(16)])
   x = np.concatenate([eps["v"], eps["w"].reshape(16, n)], axis=0).astype(np.float64)  # [32, n]
   assert np.all(np.abs(x.mean(axis=1)) < 5 / np.sqrt(n))
   assert np.all(np.abs(x.std(axis=1) - 1.0) < 5 / np.sqrt(2 * n))
@@ -123,12 +130,16 @@ def test_antithetic_pairs_are_exact_negatives(key):
   params = _params()
   for rank in (None, RANK):
     for j in range(2):
-      even = noise.materialize(noise.member_noise(params, key, 2 * j, antithetic=True, rank=rank))
+      even = noise.materialize(
+        noise.member_noise(params, key, 2 * j, _spec(antithetic=True, rank=rank))
+      )
       odd = noise.materialize(
-        noise.member_noise(params, key, 2 * j + 1, antithetic=True, rank=rank)
+        noise.member_noise(params, key, 2 * j + 1, _spec(antithetic=True, rank=rank))
       )
       # Pair j draws from member_key(step_key, j).
-      plain = noise.materialize(noise.sample_noise(params, noise.member_key(key, j), rank=rank))
+      plain = noise.materialize(
+        noise.sample_noise(params, noise.member_key(key, j), _spec(rank=rank))
+      )
       for e, o, p in zip(
         jax.tree.leaves(even), jax.tree.leaves(odd), jax.tree.leaves(plain), strict=True
       ):
@@ -138,12 +149,12 @@ def test_antithetic_pairs_are_exact_negatives(key):
 
 def test_low_rank_shapes_vectors_and_independent_layers(key):
   params = _params()
-  eps = noise.sample_noise(params, key, rank=RANK)
+  eps = noise.sample_noise(params, key, _spec(rank=RANK))
   assert isinstance(eps["w"], noise.LowRankNoise)
   assert eps["w"].a.shape == (4, 32, RANK) and eps["w"].b.shape == (4, 16, RANK)
   assert eps["v"].shape == (2048,) and np.all(eps["v"] != 0)
   assert not np.allclose(eps["w"].a[0], eps["w"].a[1])
-  frozen = noise.sample_noise(params, key, rank=RANK, low_rank_vectors="frozen")
+  frozen = noise.sample_noise(params, key, _spec(rank=RANK, low_rank_vectors="frozen"))
   np.testing.assert_array_equal(frozen["v"], np.zeros(2048))
   np.testing.assert_array_equal(frozen["w"].a, eps["w"].a)
   dense = noise.materialize(eps)
@@ -161,7 +172,7 @@ def test_low_rank_entry_variance_is_one(key):
   m, n, num = 32, 16, 16 * 4
   e = np.stack(
     [
-      np.asarray(noise.materialize(noise.member_noise(params, key, i, rank=RANK))["w"])
+      np.asarray(noise.materialize(noise.member_noise(params, key, i, _spec(rank=RANK)))["w"])
       for i in range(16)
     ]
   ).astype(np.float64)
@@ -174,8 +185,8 @@ def test_perturb_full_and_low_rank(key):
   params = _params()
   sigma = 0.01
   for rank in (None, RANK):
-    got = noise.perturb(params, key, sigma, rank=rank)
-    dense = noise.materialize(noise.sample_noise(params, key, rank=rank))
+    got = noise.perturb(params, key, sigma, _spec(rank=rank))
+    dense = noise.materialize(noise.sample_noise(params, key, _spec(rank=rank)))
     for p, e, g in zip(
       jax.tree.leaves(params), jax.tree.leaves(dense), jax.tree.leaves(got), strict=True
     ):
@@ -194,25 +205,27 @@ def test_bf16_faithful_matches_documented_arithmetic(key):
   w = _bf16(0.02 * rng.standard_normal((4, 32, 16)))
   sigma = 1.5e-3
   params = {"w": jnp.asarray(w)}
-  eps = np.asarray(noise.sample_noise(params, key)["w"], np.float32)
+  eps = np.asarray(noise.sample_noise(params, key, _spec())["w"], np.float32)
   # Reference in numpy/ml_dtypes: round(w + round(sigma * eps)), products/sums in fp32.
   step = _bf16(np.float32(sigma) * eps)
   want = _bf16(w.astype(np.float32) + step.astype(np.float32))
   fp32_want = _bf16(w.astype(np.float32) + np.float32(sigma) * eps)
-  eager = noise.perturb(params, key, sigma, precision="bf16_faithful")["w"]
-  jitted = jax.jit(lambda p, s: noise.perturb(p, key, s, precision="bf16_faithful"))(params, sigma)
+  eager = noise.perturb(params, key, sigma, _spec(precision="bf16_faithful"))["w"]
+  jitted = jax.jit(lambda p, s: noise.perturb(p, key, s, _spec(precision="bf16_faithful")))(
+    params, sigma
+  )
   for got in (eager, jitted["w"]):
     assert got.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(got).view(np.uint16), want.view(np.uint16))
-  got_fp32 = noise.perturb(params, key, sigma)["w"]
+  got_fp32 = noise.perturb(params, key, sigma, _spec())["w"]
   assert got_fp32.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got_fp32).view(np.uint16), fp32_want.view(np.uint16))
   assert np.mean(want != fp32_want) > 0.01  # the modes differ, so the checks can tell them apart
   # For fp32 weights the two modes agree exactly.
   p32 = {"w": jnp.asarray(w, jnp.float32)}
   np.testing.assert_array_equal(
-    noise.perturb(p32, key, sigma, precision="bf16_faithful")["w"],
-    noise.perturb(p32, key, sigma)["w"],
+    noise.perturb(p32, key, sigma, _spec(precision="bf16_faithful"))["w"],
+    noise.perturb(p32, key, sigma, _spec())["w"],
   )
 
 
@@ -221,10 +234,10 @@ def test_perturb_member_on_nnx_state(key):
   from flax import nnx
 
   params = nnx.State({k: nnx.Param(v) for k, v in _params().items()})
-  eps = noise.member_noise(params, key, 3, antithetic=True, rank=RANK)
+  eps = noise.member_noise(params, key, 3, _spec(antithetic=True, rank=RANK))
   assert isinstance(eps["w"].get_value(), noise.LowRankNoise)
-  got = noise.perturb_member(params, key, 3, 0.5, antithetic=True, rank=RANK)
-  want = noise.perturb(_params(), noise.member_key(key, 1), -0.5, rank=RANK)
+  got = perturb_member(params, key, 3, 0.5, _spec(antithetic=True, rank=RANK))
+  want = noise.perturb(_params(), noise.member_key(key, 1), -0.5, _spec(rank=RANK))
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
     np.testing.assert_allclose(g, w, rtol=0, atol=1e-6)
 
@@ -239,7 +252,7 @@ def test_perturb_member_on_nnx_state(key):
 )
 def test_bad_options_raise(key, kwargs, match):
   with pytest.raises(ValueError, match=match):
-    noise.perturb(_params(), key, 0.1, **kwargs)
+    noise.perturb(_params(), key, 0.1, _spec(**kwargs))
 
 
 def _model_params(name="tiny-qwen2"):
@@ -286,12 +299,13 @@ def test_leaf_plan_is_the_walk_every_consumer_shares():
 
   params = _model_params()  # tiny-qwen2: stacked layers with qkv biases
   values = jax.tree.leaves(params)
-  full, got, _ = noise.leaf_plan(params)
+  full, got, _ = noise.leaf_plan(params, _spec())
   assert [leaf.index for leaf in full] == list(range(len(values)))
   assert all(leaf.kind == "dense" for leaf in full) and len(got) == len(values)
-  kinds = {leaf.names: leaf.kind for leaf in noise.leaf_plan(params, rank=2)[0]}
+  kinds = {leaf.names: leaf.kind for leaf in noise.leaf_plan(params, _spec(rank=2))[0]}
   frozen = {
-    leaf.names: leaf.kind for leaf in noise.leaf_plan(params, rank=2, low_rank_vectors="frozen")[0]
+    leaf.names: leaf.kind
+    for leaf in noise.leaf_plan(params, _spec(rank=2, low_rank_vectors="frozen"))[0]
   }
   for name in STACKED_MATRICES:
     assert kinds["layers", name] == frozen["layers", name] == "low_rank"
@@ -302,8 +316,8 @@ def test_leaf_plan_is_the_walk_every_consumer_shares():
   assert kinds["embed",] == "low_rank" and kinds["final_norm",] == "dense"
   # Each plan entry's noise is the leaf's noise in sample_noise (same index, same kind).
   key = jax.random.key(3)
-  low = jax.tree.leaves(noise.sample_noise(params, key, rank=2), is_leaf=noise._is_low_rank)
-  for leaf, e in zip(noise.leaf_plan(params, rank=2)[0], low, strict=True):
+  low = jax.tree.leaves(noise.sample_noise(params, key, _spec(rank=2)), is_leaf=noise._is_low_rank)
+  for leaf, e in zip(noise.leaf_plan(params, _spec(rank=2))[0], low, strict=True):
     assert isinstance(e, noise.LowRankNoise) == (leaf.kind == "low_rank"), leaf.names
 
 
@@ -311,9 +325,9 @@ def test_low_rank_on_model_params_stacked_vectors_are_vectors(key):
   # tiny-qwen2: L = 2, D = 64, q = 64, kv = 32, F = 128, V = 256, qkv biases, tied head.
   params = _model_params()
   num = 16
-  full = [noise.member_noise(params, key, i) for i in range(num)]
-  low = [noise.member_noise(params, key, i, rank=RANK) for i in range(num)]
-  frozen = noise.member_noise(params, key, 0, rank=RANK, low_rank_vectors="frozen")
+  full = [noise.member_noise(params, key, i, _spec()) for i in range(num)]
+  low = [noise.member_noise(params, key, i, _spec(rank=RANK)) for i in range(num)]
+  frozen = noise.member_noise(params, key, 0, _spec(rank=RANK, low_rank_vectors="frozen"))
   for name in STACKED_MATRICES:
     shape = params["layers"][name].shape
     for eps in (low[0], frozen):
@@ -351,8 +365,10 @@ def test_perturb_model_params_low_rank_vectors(key):
   params = _model_params()
   sigma = 0.5
   for lrv in ("full", "frozen"):
-    got = noise.perturb_member(params, key, 3, sigma, rank=RANK, low_rank_vectors=lrv)
-    dense = noise.materialize(noise.member_noise(params, key, 3, rank=RANK, low_rank_vectors=lrv))
+    got = perturb_member(params, key, 3, sigma, _spec(rank=RANK, low_rank_vectors=lrv))
+    dense = noise.materialize(
+      noise.member_noise(params, key, 3, _spec(rank=RANK, low_rank_vectors=lrv))
+    )
     for g, e in zip(jax.tree.leaves(got), jax.tree.leaves(dense), strict=True):
       np.testing.assert_allclose(g, sigma * e, rtol=0, atol=1e-6)
     bq = np.asarray(got["layers"]["bq"])
@@ -360,7 +376,7 @@ def test_perturb_model_params_low_rank_vectors(key):
       np.testing.assert_array_equal(bq, np.zeros_like(bq))
     else:
       # Full-rank: the [L, n] bias is not a rank-r product (here its rows are independent).
-      full = noise.perturb_member(params, key, 3, sigma)
+      full = perturb_member(params, key, 3, sigma, _spec())
       np.testing.assert_array_equal(bq, full["layers"]["bq"])
 
 
@@ -373,10 +389,15 @@ def test_leaf_normal_equals_the_blocks_and_draws_on_shards(key):
   from es_jax import sharding
 
   for shape in [(5,), (3, 7), (2, 40000), (65536,)]:  # (2, 40000): two blocks, the second shifted
-    want = np.asarray(noise._normal(key, shape))
-    np.testing.assert_array_equal(np.asarray(noise.leaf_normal(key, shape)), want, str(shape))
+    want = np.asarray(noise_blocks.normal(key, shape))
+    np.testing.assert_array_equal(
+      np.asarray(noise_blocks.leaf_normal(key, shape)), want, str(shape)
+    )
   mesh = sharding.make_mesh(pop=4, model=2)
   draw = jax.jit(
-    lambda k: noise.leaf_normal(k, (2, 40000)), out_shardings=NamedSharding(mesh, P(None, "model"))
+    lambda k: noise_blocks.leaf_normal(k, (2, 40000)),
+    out_shardings=NamedSharding(mesh, P(None, "model")),
   )
-  np.testing.assert_array_equal(np.asarray(draw(key)), np.asarray(noise._normal(key, (2, 40000))))
+  np.testing.assert_array_equal(
+    np.asarray(draw(key)), np.asarray(noise_blocks.normal(key, (2, 40000)))
+  )

@@ -9,6 +9,7 @@ import pytest
 from tiny_models import micro_config, random_params
 
 from es_jax import es, noise, population, reference_arithmetic, sampling, sharding
+from es_jax.members import member, perturb_member
 
 # Qwen2-like micro model: qkv biases (non-hook [L, n] leaves) and a tied head (hook via embed).
 CONFIG = micro_config(qkv_bias=True, tie_embeddings=True, architecture="qwen2")
@@ -59,6 +60,10 @@ def _evaluate(params, step_key, **overrides):
   return population.evaluate_population(params, ids, mask, **kw)
 
 
+def _spec(**kw):
+  return noise.NoiseSpec(N, **kw)
+
+
 def _direct(member_params, key=None, temperature=0.0):
   ids, mask = _prompts()
   out = sampling.generate(
@@ -88,7 +93,7 @@ def test_full_rank_members_match_direct_and_single_device(key):
   assert stats.rewards.shape == (N, P) and stats.completions.tokens.shape == (N, P, T)
   np.testing.assert_array_equal(stats.local_members, np.arange(N))
   for i in (0, 5):
-    ref = _direct(noise.perturb_member(params, key, i, SIGMA))
+    ref = _direct(perturb_member(params, key, i, SIGMA, _spec()))
     _assert_same_completions(stats.completions, ref, rows=i)
     np.testing.assert_allclose(stats.rewards[i], score_low_half(ref.tokens, ref.mask), rtol=1e-6)
     np.testing.assert_allclose(stats.mean_length[i], ref.lengths.mean(), rtol=1e-6)
@@ -126,7 +131,7 @@ def test_sampled_decoding_uses_per_member_keys(key):
   _, stats = _evaluate(params, key, temperature=1.0, sample_key=sample_key)
   i = 3
   ref = _direct(
-    noise.perturb_member(params, key, i, SIGMA),
+    perturb_member(params, key, i, SIGMA, _spec()),
     key=jax.random.fold_in(sample_key, i),
     temperature=1.0,
   )
@@ -142,7 +147,7 @@ def test_sampled_decoding_uses_per_member_keys(key):
     members_per_chunk=4,
     share_sample_key=True,
   )
-  ref = _direct(noise.perturb_member(params, key, i, SIGMA), key=sample_key, temperature=1.0)
+  ref = _direct(perturb_member(params, key, i, SIGMA, _spec()), key=sample_key, temperature=1.0)
   _assert_same_completions(shared.completions, ref, rows=i)
   assert not np.array_equal(shared.completions.tokens, stats.completions.tokens)
   with pytest.raises(ValueError, match="sample_key"):
@@ -160,7 +165,7 @@ def test_low_rank_hook_matches_materialised_noise_under_model_sharding(key):
   kw = dict(rank=2, antithetic=True)
   fit, stats = _evaluate(sharded, key, mesh=mesh, members_per_chunk=2, **kw)
   for i in (2, 3, 6):  # an antithetic pair (±ε_1, one chunk) and a member on another device
-    ref = _direct(noise.perturb_member(params, key, i, SIGMA, **kw))
+    ref = _direct(perturb_member(params, key, i, SIGMA, _spec(**kw)))
     _assert_same_completions(stats.completions, ref, rows=i)
     np.testing.assert_allclose(fit[i], score_low_half(ref.tokens, ref.mask).mean(), rtol=1e-6)
   assert not np.array_equal(stats.completions.tokens[2], stats.completions.tokens[3])
@@ -176,20 +181,20 @@ def test_low_rank_member_hook_forward_equals_materialised(key, low_rank_vectors)
   params = _params()
   kw = dict(rank=2, antithetic=True, low_rank_vectors=low_rank_vectors)
   i, sigma = 3, 0.3  # a large σ, so a wrong perturbation cannot hide in the tolerance
-  params_i, deltas, scale = population.low_rank_member(params, key, i, sigma, **kw)
+  params_i, deltas, scale = member(params, key, i, sigma, _spec(**kw))
   assert set(deltas) == {"layers", "embed"}  # tied head: the embedding's hook covers both
   assert set(deltas["layers"]) == {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
   np.testing.assert_allclose(scale, sigma / np.sqrt(2), rtol=1e-6)
 
-  dense = noise.materialize(noise.member_noise(params, key, i, **kw))
-  ref = noise.perturb_member(params, key, i, sigma, **kw)
+  dense = noise.materialize(noise.member_noise(params, key, i, _spec(**kw)))
+  ref = perturb_member(params, key, i, sigma, _spec(**kw))
   for name in ("attn_norm", "mlp_norm", "bq", "bk", "bv"):
     e = dense["layers"][name]
     np.testing.assert_array_equal(params_i["layers"][name], ref["layers"][name], err_msg=name)
     if low_rank_vectors == "frozen":
       np.testing.assert_array_equal(params_i["layers"][name], params["layers"][name])
     else:  # full-rank vector noise, the same draw as a full-rank population
-      full = noise.member_noise(params, key, i, antithetic=True)["layers"][name]
+      full = noise.member_noise(params, key, i, _spec(antithetic=True))["layers"][name]
       np.testing.assert_array_equal(e, full, err_msg=name)
   for name in deltas["layers"]:
     np.testing.assert_array_equal(params_i["layers"][name], params["layers"][name])

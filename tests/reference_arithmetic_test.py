@@ -4,6 +4,8 @@ The numpy side takes the float32 normals jax draws (``shape_noise``, ``noise.sam
 the shaped fitness as inputs, and re-implements every cast, add, subtract and sum itself.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -17,6 +19,7 @@ from experiments import es as es_runner
 
 BF16 = ml_dtypes.bfloat16
 N, SIGMA, ALPHA = 4, 1.5e-3, 5e-4
+_spec = functools.partial(noise.NoiseSpec, N)
 SHARED, TENSOR = "bf16_shared_noise", "bf16_tensor_noise"
 
 
@@ -47,7 +50,7 @@ def _numpy_noise(params, step_key, i, mode):
   """Member i's float32 normals per leaf, from jax; the numpy side does the rest."""
   key = noise.member_key(step_key, i)
   if mode == TENSOR:
-    return _f32(noise.sample_noise(params, key))
+    return _f32(noise.sample_noise(params, key, _spec()))
 
   def leaf(path, x):  # one draw per per-layer shape, broadcast over a stacked leaf's layers
     shape = x.shape[1:] if noise.path_names(path)[0] == "layers" else x.shape
@@ -130,7 +133,7 @@ def test_tensor_noise_is_per_tensor_and_shared_noise_per_shape(key):
   )
   assert np.mean(member[TENSOR]["layers"]["wq"][0] != member[TENSOR]["layers"]["wq"][1]) > 0.9
   # The per-tensor noise is es_jax's own (the "fp32" mode's ε), rounded once.
-  eps = _f32(noise.sample_noise(zeros, noise.member_key(key, 3)))
+  eps = _f32(noise.sample_noise(zeros, noise.member_key(key, 3), _spec()))
   for m, e in zip(jax.tree.leaves(member[TENSOR]), jax.tree.leaves(eps), strict=True):
     np.testing.assert_array_equal(m, _bf16(e))
 

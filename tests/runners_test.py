@@ -2,6 +2,7 @@
 bundled SmolLM2 tokenizer, offline data): outputs, exact resume after SIGKILL, SIGTERM,
 corrupt-latest recovery, sequential stage boundary, config validation."""
 
+import itertools
 import json
 import os
 import shutil
@@ -16,9 +17,10 @@ from run_configs import (
   smoke_config,
 )
 
-from es_jax import checkpoint, rewards
+from es_jax import integrity, preemption, rewards
 from es_jax.checkpoint import Checkpointer
-from experiments import demo, es, evaluate, grpo, run_data, sequential
+from experiments import demo, es, evaluate, grpo, run_data, sequential, train_loop
+from experiments.config_check import ConfigError
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
@@ -211,10 +213,40 @@ def sequential_reference(tmp_path_factory):
   return workdir, final
 
 
+def _sigterm_at_step(monkeypatch, stage: str, step: int) -> None:
+  """This process gets SIGTERM as local step `step` of stage `stage` (label or method) starts."""
+  steps = train_loop.Loop.steps
+
+  def signalling(loop):
+    for s in steps(loop):
+      if (loop.stage.label or loop.stage.name) == stage and s == step:
+        os.kill(os.getpid(), signal.SIGTERM)
+      yield s
+
+  monkeypatch.setattr(train_loop.Loop, "steps", signalling)
+
+
+def _sigterm_before_eval_batch(monkeypatch, k: int) -> None:
+  """This process gets SIGTERM before the k-th computed batch of an evaluation."""
+  evaluate_tasks = evaluate.evaluate_tasks
+
+  def signalling(*args, should_stop, **kwargs):
+    calls = itertools.count(1)
+
+    def stop():
+      if next(calls) == k:
+        os.kill(os.getpid(), signal.SIGTERM)
+      return should_stop()
+
+    return evaluate_tasks(*args, should_stop=stop, **kwargs)
+
+  monkeypatch.setattr(evaluate, "evaluate_tasks", signalling)
+
+
 def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, sequential_reference):
-  # SIGTERM arrives during stage one's last step (the test hook sends it as step 2 starts): the
-  # step finishes and is saved, stage two is not started, and a rerun ends as an uninterrupted run.
-  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "1_grpo:2")
+  # SIGTERM arrives during stage one's last step (sent as step 2 starts): the step finishes and is
+  # saved, stage two is not started, and a rerun ends as an uninterrupted run.
+  _sigterm_at_step(monkeypatch, "1_grpo", 2)
   previous = signal.getsignal(signal.SIGTERM)
   result = sequential.run(_sequential_config(), str(tmp_path))
   assert result == {"stopped": True}
@@ -223,7 +255,7 @@ def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, seq
   assert stage1.all_steps() == [1, 2]
   assert not (tmp_path / "stage2_es").exists() and not (tmp_path / "DONE").exists()
   assert [r["step"] for r in read_metrics(str(tmp_path / "metrics.jsonl"))] == [1, 2]
-  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  monkeypatch.undo()
   assert sequential.run(_sequential_config(), str(tmp_path))["stopped"] is False
   assert (tmp_path / "DONE").exists()
   _, resumed = checkpoint_params(str(tmp_path / "stage2_es" / "checkpoints"))
@@ -233,7 +265,7 @@ def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, seq
 
 
 def test_sigterm_during_startup_stops_before_the_first_step(tmp_path):
-  with checkpoint.sigterm_scope() as preempt:  # the CLI's scope, as main() holds it
+  with preemption.sigterm_scope() as preempt:  # the CLI's scope, as main() holds it
     preempt.requested = True  # as if SIGTERM arrived while the model and data were loading
     assert es.run(_config(demo_config, method="es"), str(tmp_path)) == {"stopped": True}
   assert not Checkpointer(str(tmp_path / "checkpoints"), async_save=False).all_steps()
@@ -250,7 +282,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   # stay in eval/*.jsonl, nothing is exported, no DONE; a rerun evaluates the other block only
   # (that a resumed evaluation equals an uninterrupted one: evaluate_test).
   config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
-  monkeypatch.setenv("ES_JAX_TEST_SIGTERM_AT", "eval:2")
+  _sigterm_before_eval_batch(monkeypatch, 2)
   assert es.run(config, str(tmp_path)) == {"stopped": True}
   jsonl = tmp_path / "eval" / f"{evaluate.task_label(config.eval.task)}.jsonl"
   first = _lines(jsonl)
@@ -259,7 +291,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert [r["index"] for r in _lines(samples)] == [0, 1]
   assert not (tmp_path / "eval" / "table.json").exists()
   assert not (tmp_path / "hf").exists() and not (tmp_path / "DONE").exists()
-  monkeypatch.delenv("ES_JAX_TEST_SIGTERM_AT")
+  monkeypatch.undo()
   assert es.run(config, str(tmp_path))["stopped"] is False
   assert (tmp_path / "DONE").exists() and (tmp_path / "hf" / "config.json").exists()
   records = _lines(jsonl)
@@ -278,7 +310,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
     with Checkpointer(str(tmp_path / "checkpoints"), async_save=False) as ckpt:
       state = ckpt.restore(step).state
     params = state["params"] if isinstance(state, dict) and "params" in state else state[0]
-    assert checkpoint.tree_digest(params) == digest, step
+    assert integrity.tree_digest(params) == digest, step
   assert digests[0] != digests[1]
   assert len(_lines(jsonl)) == 4 and _lines(tmp_path / "eval.stale-1" / jsonl.name) == records
 
@@ -316,3 +348,21 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   assert [r["time"] for r in after if r["stage"] == "1_grpo"] == [
     r["time"] for r in before if r["stage"] == "1_grpo"
   ]
+
+
+def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monkeypatch):
+  # A ValueError raised while a step runs (a reward returning the wrong shape, bad data) is
+  # reported as itself; only the config's own errors are ConfigErrors ("config.es: ...").
+  def broken(*args, **kwargs):
+    raise ValueError("score_fn returned shape (3,) for member 0, expected (4,)")
+
+  monkeypatch.setattr(es.population, "evaluate_population", broken)
+  config = _config(
+    demo_config, method="es", es__num_steps=1, eval__every=0, eval__final=False, export_hf=False
+  )
+  with pytest.raises(ValueError, match="score_fn returned shape") as info:
+    es.run(config, str(tmp_path))
+  assert not isinstance(info.value, ConfigError) and not str(info.value).startswith("config.")
+  config.es.antithetic, config.es.population_size = True, 3
+  with pytest.raises(ConfigError, match=r"config.es: population_size=3 is odd"):
+    es.noise_spec(config.es)

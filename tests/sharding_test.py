@@ -8,11 +8,31 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tiny_models import micro_config, random_params
 
 from es_jax import es, grpo_train, noise, population, sampling, sharding
 from es_jax.models import forward, positions_from_mask
+
+
+def _shard_population(tree, mesh):
+  """Every array of ``tree`` with its leading axis split over ``'pop'`` (one host's values)."""
+  pop = mesh.shape["pop"]
+
+  def put(x):
+    x = np.asarray(x) if not isinstance(x, jax.Array) else x
+    if x.shape[0] % pop:
+      raise ValueError(
+        f"leading axis size={x.shape[0]} is not divisible by the mesh's 'pop' axis ({pop} devices)"
+      )
+    spec = NamedSharding(mesh, P("pop", *([None] * (x.ndim - 1))))
+    if isinstance(x, jax.Array):
+      return jax.device_put(x, spec)
+    return jax.make_array_from_callback(x.shape, spec, lambda idx: x[idx])
+
+  return jax.tree.map(put, tree)
+
 
 CONFIG = micro_config()
 
@@ -83,7 +103,7 @@ def test_model_sharded_forward_equals_single_device():
   assert sharded["layers"]["wq"].sharding.spec == P(None, "model", None)
   assert len(sharded["layers"]["wq"].addressable_shards[0].data.shape) == 3
   assert sharded["layers"]["wq"].addressable_shards[0].data.shape[1] == CONFIG.hidden_size // 2
-  batch = sharding.shard_population((tokens, mask), mesh)
+  batch = _shard_population((tokens, mask), mesh)
   out = logits(sharded, *batch)
   assert out.sharding.spec[0] == "pop"
   np.testing.assert_allclose(np.asarray(out), ref, atol=2e-5, rtol=2e-5)
@@ -92,13 +112,13 @@ def test_model_sharded_forward_equals_single_device():
 def test_shard_population_splits_leading_axis():
   mesh = sharding.make_mesh()
   x = np.arange(8 * 3, dtype=np.float32).reshape(8, 3)
-  y = sharding.shard_population(x, mesh)
+  y = _shard_population(x, mesh)
   assert y.sharding.spec == P("pop", None)
   assert [s.data.shape for s in y.addressable_shards] == [(1, 3)] * 8
   np.testing.assert_array_equal(np.asarray(y), x)
-  np.testing.assert_array_equal(np.asarray(sharding.shard_population(jnp.asarray(x), mesh)), x)
+  np.testing.assert_array_equal(np.asarray(_shard_population(jnp.asarray(x), mesh)), x)
   with pytest.raises(ValueError, match="leading axis size=6 is not divisible"):
-    sharding.shard_population(np.zeros((6, 3)), mesh)
+    _shard_population(np.zeros((6, 3)), mesh)
 
 
 def test_initialize_distributed_is_a_noop_on_one_host(monkeypatch):
@@ -139,7 +159,7 @@ def test_place_params_keeps_placed_leaves_and_local_rows():
   placed = sharding.place_params(mixed, mesh)
   assert placed["layers"]["wq"] is split["layers"]["wq"]
   assert placed["final_norm"].sharding.spec == P()
-  x = sharding.shard_population(np.arange(16, dtype=np.int32).reshape(8, 2), mesh)
+  x = _shard_population(np.arange(16, dtype=np.int32).reshape(8, 2), mesh)
   rows, values = sharding.local_rows(x)
   np.testing.assert_array_equal(rows, np.arange(8))
   np.testing.assert_array_equal(values, np.arange(16).reshape(8, 2))

@@ -12,7 +12,7 @@ generates exactly T tokens and the work is equal). Timed, each after a compile c
 * full rank, looped: ``population.evaluate_population(members_per_chunk=1)``, one member at a time.
 * full rank, vmapped: ``members_per_chunk=M`` members per chunk.
 * low rank (EGGROLL, ``rank=r``), vmapped: all members of a chunk share the base matmuls.
-* noise: drawing one member's full-rank noise and perturbing θ (``noise.perturb_member``) with
+* noise: drawing one member's full-rank noise and perturbing θ (``members.perturb_member``) with
   the default threefry PRNG vs ``rbg`` and ``unsafe_rbg`` keys (measured: noise can dominate a
   CPU ES step), plus full rank looped with an ``rbg`` step key end to end.
 
@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from es_jax import noise, population, sampling, sharding
+from es_jax import members, noise, population, sampling, sharding
 from es_jax.models import Transformer, get_config, load_default
 from es_jax.models import params as model_params
 
@@ -149,8 +149,9 @@ def main(argv=None):
   if not args.skip_prng:
     print(f"  full rank looped: threefry / rbg:    {best[full_loop] / best[full_rbg]:.3f}")
 
-  perturb = jax.jit(lambda p, k: noise.perturb_member(p, k, 0, args.sigma))
-  low_rank = jax.jit(lambda p, k: noise.member_noise(p, k, 0, rank=r))
+  full_spec, low_spec = noise.NoiseSpec(1), noise.NoiseSpec(1, rank=r)
+  perturb = jax.jit(lambda p, k: members.perturb_member(p, k, 0, args.sigma, full_spec))
+  low_rank = jax.jit(lambda p, k: noise.member_noise(p, k, 0, low_spec))
   impls = ["threefry2x32"] + ([] if args.skip_prng else ["rbg", "unsafe_rbg"])
   noise_keys = {impl: jax.random.key(2, impl=impl) for impl in impls}
   noise_cases = {

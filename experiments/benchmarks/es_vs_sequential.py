@@ -39,7 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from es_jax import es, noise, population, sampling
+from es_jax import es, members, noise, population, sampling
 from es_jax import fitness as fitness_lib
 from es_jax.models import params as model_params
 from experiments.benchmarks._common import load_model, workload_parser
@@ -61,23 +61,27 @@ def score(tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 # The reference code's primitives, each jitted on its own, with θ donated (the port of an in-place
-# `param.data.add_(...)`), and the member index traced so each compiles once.
+# `param.data.add_(...)`), and the member index traced so each compiles once. One member key at a
+# time: the reference loops over members itself (full rank, not antithetic).
+_SPEC = noise.NoiseSpec(1)
+
+
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _perturb(params, step_key, i, sigma):
   """θ += σ ε_i."""
-  return noise.perturb_member(params, step_key, i, sigma)
+  return members.perturb_member(params, step_key, i, sigma, _SPEC)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _restore(params, step_key, i, sigma):
   """θ -= σ ε_i (the same noise, regenerated from the key)."""
-  return noise.perturb_member(params, step_key, i, -sigma)
+  return members.perturb_member(params, step_key, i, -sigma, _SPEC)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _add_member(params, step_key, i, scale):
   """θ += scale ε_i, with scale = α w_i / N: one member's share of the update."""
-  return noise.perturb_member(params, step_key, i, scale)
+  return members.perturb_member(params, step_key, i, scale, _SPEC)
 
 
 @functools.partial(jax.jit, static_argnames=("population_size",))
