@@ -5,18 +5,20 @@ naming the full dotted field, its value and what is allowed, e.g.
 
     config.eval.temperature=nan is invalid: need a finite number >= 0.
 
-Rules that involve several fields live in `experiments.config_rules`. Choices come from the
-registries (methods, shapings, rewards, precisions, dtypes, ...), so a new
-shaping or reward is accepted without touching this module. `check_workdir(config, workdir)`
-refuses to resume a workdir whose saved config.json names another method. `unknown_key_message`
-turns an unknown `--config.a.b` override into one line with close matches.
+Rules that involve several fields live in `experiments.config_rules`. The allowed names come
+from the config layer (`experiments.configs.choices`, `base.METHODS`) and the library's registries
+(shapings, rewards, presets, ...), so a new shaping or reward is accepted without touching this
+module; no runner is imported here (the runners import this module). The errors and the
+single-value checks (`ConfigError`, `check`, ...) live in `experiments.config_errors`.
+`check_workdir(config, workdir)` refuses to resume a workdir whose saved config.json names
+another method. `unknown_key_message` turns an unknown `--config.a.b` override into one line with
+close matches.
 
 `main` and the runners' `run` call `validate`, so library callers get the same checks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import functools
 import json
@@ -25,21 +27,16 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from experiments.config_errors import ConfigError, fail
+from experiments.config_errors import check as check  # re-exported: the runners' checks
+from experiments.config_errors import positive_finite as positive_finite
+from experiments.config_errors import positive_int as positive_int
+from experiments.config_errors import user_errors as user_errors
+
 TRAINING = ("es", "grpo", "sequential")  # the methods whose checkpoints a workdir resumes
-
-
-class ConfigError(ValueError):
-  """A user error (a config value, a missing file, a workdir mismatch), reported in one line."""
-
 
 # A rule returns None when the value is allowed, else the text saying what is allowed.
 Rule = Callable[[Any], str | None]
-
-
-def fail(field: str, value: Any, need: str, *, prefix: str = "config.") -> ConfigError:
-  """The error for `config.<field>=<value>` with what is allowed (`prefix=""` for a function
-  argument rather than a config field)."""
-  return ConfigError(f"{prefix}{field}={value!r} is invalid: {need}.")
 
 
 def _is_int(x: Any) -> bool:
@@ -187,22 +184,21 @@ def task_name(x: Any) -> str | None:
 @functools.cache
 def schema() -> dict[str, Rule]:
   """Dotted field -> rule, for every field of `experiments.configs.base.base_config`."""
-  # Imported here: these modules import this one (through run_context).
+  # Imported here: es_jax brings jax, which `main` imports only once the flags are parsed.
   from es_jax import fitness, metrics, models
   from es_jax import grpo as grpo_lib
-  from experiments import demo, diversity, es, grpo, model_io, sequential
-  from experiments.configs import base
+  from experiments.configs import base, choices
 
-  model_sources = (*model_io.MODEL_SOURCES, "random")
+  model_sources = (*choices.MODEL_SOURCES, "random")
   return {
     "method": one_of(base.METHODS),
     "seed": integer(0),
     "model.source": one_of(model_sources),
     "model.path": text(),
-    "model.base_source": one_of(s for s in model_io.MODEL_SOURCES if s != "orbax"),
+    "model.base_source": one_of(s for s in choices.MODEL_SOURCES if s != "orbax"),
     "model.base_path": text(),
     "model.preset": one_of(("", *sorted(models.PRESETS))),
-    "model.dtype": one_of(model_io.MODEL_DTYPES),
+    "model.dtype": one_of(choices.MODEL_DTYPES),
     "data.task": task_name,
     "data.path": text(),
     "data.question_field": text(empty_ok=False),
@@ -239,13 +235,13 @@ def schema() -> dict[str, Rule]:
     "es.population_size": integer(1),
     "es.sigma": POSITIVE,
     "es.learning_rate": POSITIVE,
-    "es.optimizer": one_of(es.OPTIMIZERS),
+    "es.optimizer": one_of(choices.ES_OPTIMIZERS),
     "es.shaping": one_of(sorted(fitness.SHAPINGS)),
     "es.antithetic": boolean,
     "es.share_sample_key": boolean,
     "es.rank": integer(0),
-    "es.low_rank_vectors": one_of(("full", "frozen")),
-    "es.precision": one_of(es.PRECISIONS),
+    "es.low_rank_vectors": one_of(choices.ES_LOW_RANK_VECTORS),
+    "es.precision": one_of(choices.ES_PRECISIONS),
     "es.members_per_chunk": integer(1),
     "es.max_new_tokens": integer(1),
     "es.temperature": NON_NEGATIVE,
@@ -255,20 +251,20 @@ def schema() -> dict[str, Rule]:
     "grpo.learning_rate": POSITIVE,
     "grpo.weight_decay": NON_NEGATIVE,
     "grpo.max_grad_norm": POSITIVE,
-    "grpo.master_dtype": one_of(grpo.MASTER_DTYPES),
+    "grpo.master_dtype": one_of(choices.GRPO_MASTER_DTYPES),
     "grpo.remat": boolean,
     "grpo.beta": NON_NEGATIVE,
     "grpo.eps_low": NON_NEGATIVE,
     "grpo.eps_high": NON_NEGATIVE,
     "grpo.aggregation": one_of(grpo_lib.AGGREGATIONS),
-    "grpo.advantage_std": one_of(tuple(grpo.ADVANTAGE_STD)),
+    "grpo.advantage_std": one_of(tuple(choices.GRPO_ADVANTAGE_STD)),
     "grpo.mini_batch_size": integer(0),
     "grpo.micro_batch_size": integer(1),
     "grpo.max_new_tokens": integer(1),
     "grpo.temperature": POSITIVE,
     "grpo.top_p": PROBABILITY,
-    "sequential.order": one_of(tuple(sequential.ORDERS)),
-    "sequential.kl_reference": one_of(sequential.KL_REFERENCES),
+    "sequential.order": one_of(tuple(choices.SEQUENTIAL_ORDERS)),
+    "sequential.kl_reference": one_of(choices.SEQUENTIAL_KL_REFERENCES),
     "sequential.total_steps": integer(2),
     "sequential.first_fraction": FRACTION,
     "checkpoint.every": integer(1),
@@ -281,7 +277,7 @@ def schema() -> dict[str, Rule]:
     "progress": boolean,
     "log_samples_every": integer(0),
     "log_samples": integer(0),
-    "demo.runs": comma_list(tuple(demo.RUNS)),
+    "demo.runs": comma_list(tuple(choices.DEMO_RUNS)),
     "population_sweep.sizes": comma_list(ints_from=2),
     "population_sweep.ema_decay": number(0.0, 1.0, high_open=True),
     "population_sweep.tolerance": NON_NEGATIVE,
@@ -302,7 +298,7 @@ def schema() -> dict[str, Rule]:
     "diversity.pol_samples": integer(1),
     "diversity.bootstrap": integer(1),
     "diversity.correction": one_of(metrics.JS_CORRECTIONS),
-    "diversity.kinds": comma_list(tuple(diversity.KINDS)),
+    "diversity.kinds": comma_list(tuple(choices.DIVERSITY_KINDS)),
     "diversity.checkpoints": boolean,
     "diversity.sigmas": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
     "diversity.min_changed": PROBABILITY,
@@ -349,10 +345,22 @@ def validate(config: Any) -> Any:
     if need is not None:
       raise fail(field, value, need)
   if all(_get(config, s) is not _MISSING for s in ("es", "grpo", "model", "data")):
-    from experiments import config_rules  # it imports this module (fail, ConfigError)
+    from experiments import config_rules  # here: it imports es_jax (jax), see schema()
 
     config_rules.cross_checks(config)
   return config
+
+
+def validate_section(section: Any, name: str) -> Any:
+  """Checks the fields of one config section (`config.<name>`) with `schema()`'s rules, for the
+  entry points that take a section without a validated config (`experiments.es.make_optimizer`,
+  the TPU programs); the cross-field rules need the whole config (`validate`).
+
+  Raises:
+    ConfigError: one line naming `config.<name>.<field>`, the value and what is allowed.
+  """
+  validate({name: section})
+  return section
 
 
 def check_workdir(config: Any, workdir: str) -> None:
@@ -500,38 +508,3 @@ def describe(config: Any) -> str:
       line += f"  # {docs[dotted]}"
     lines.append(line)
   return "\n".join(lines).lstrip("\n")
-
-
-@contextlib.contextmanager
-def user_errors(what: str):
-  """Turns ValueError / OSError raised inside (bad data, a missing file) into a ConfigError
-  prefixed with `what` (e.g. "config.data"); the original stays chained as the cause."""
-  try:
-    yield
-  except ConfigError:
-    raise
-  except (ValueError, OSError) as e:
-    raise ConfigError(f"{what}: {e}") from e
-
-
-def check(cond: bool, field: str, value: Any, need: str, *, prefix: str = "config.") -> None:
-  """Raises ConfigError (a ValueError) naming the config field when `cond` is false."""
-  if not cond:
-    raise fail(field, value, need, prefix=prefix)
-
-
-def positive_int(value: Any, field: str) -> int:
-  check(
-    isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-    field,
-    value,
-    "need an int >= 1",
-  )
-  return int(value)
-
-
-def positive_finite(value: Any, field: str) -> float:
-  """`value` as a float, or ValueError naming `field` unless it is a finite number > 0."""
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-  check(ok and math.isfinite(value) and value > 0, field, value, "need a finite number > 0")
-  return float(value)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from es_jax import reference_arithmetic
-from experiments.config_check import fail
+from experiments.config_errors import fail
 
 # The [N]-fitness shapings (the in-place arithmetic's update takes one weight per member).
 _IN_PLACE_SHAPINGS = ("zscore", "centered_rank", "shuffled")

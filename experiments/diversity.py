@@ -48,9 +48,9 @@ from es_jax import grpo, members, metrics, models, noise, population, rewards, s
 from es_jax.checkpoint import Checkpointer
 from es_jax.models.transformer import forward, positions_from_mask
 from experiments import config_check, eval_results, model_io, plots, run_context, run_data, sparsity
+from experiments.configs.choices import DIVERSITY_KINDS
 
 log = logging.getLogger(__name__)
-KINDS = {"es": "ES population", "group": "GRPO group (one policy)", "control": "ES at σ = 0"}
 
 
 def _restore(ckpt_dir: str, step: int) -> tuple[Any, int]:
@@ -153,19 +153,13 @@ class Study:
   """Samples, scores and measures one population kind (module docstring)."""
 
   def __init__(self, config: ml_collections.ConfigDict, source: dict[str, Any]):
+    # A validated config (config_check): the counts are >= 1, σ and the temperature > 0 (es
+    # may be a finished run's, validated when it ran).
     d, es = config.diversity, source["es"]
-    self.n = config_check.positive_int(d.num_samples, "diversity.num_samples")
+    self.n = int(d.num_samples)
     self.members = int(d.population_size or es.population_size)
-    config_check.positive_int(self.members, "diversity.population_size")
     self.sigma = float(d.sigma or es.sigma)
-    config_check.check(self.sigma > 0, "diversity.sigma", d.sigma, "need > 0 (0 = es.sigma)")
     self.temperature = float(d.temperature)
-    config_check.check(
-      self.temperature > 0,
-      "diversity.temperature",
-      d.temperature,
-      "need > 0: p_i and JS_pol need sampled responses",
-    )
     # The population is split over the mesh's 'pop' axis as in training (experiments.es).
     self.mesh = run_context.make_mesh(config)
     pop = self.mesh.shape["pop"]
@@ -189,9 +183,8 @@ class Study:
     self.source = {**source, "params": sharding.place_params(source["params"], self.mesh)}
     self.config = config
     self.tokenizer, self.task = source["tokenizer"], config.eval.task
-    max_new_tokens = config_check.positive_int(config.eval.max_new_tokens, "eval.max_new_tokens")
     self.decoding = sampling.Decoding(
-      max_new_tokens,
+      int(config.eval.max_new_tokens),
       self.temperature,
       eos_ids=run_data.eos_ids(self.tokenizer),
       pad_id=sampling.pad_id(self.tokenizer),
@@ -278,7 +271,7 @@ class Study:
   def measure(self, kind: str, examples: list[dict], key: jax.Array) -> dict[str, Any]:
     """Counts, JS_succ, union and JS_pol of population `kind` on `examples`."""
     d = self.config.diversity
-    per_call = config_check.positive_int(d.prompts_per_call, "diversity.prompts_per_call")
+    per_call = int(d.prompts_per_call)
     pol_prompts = min(int(d.pol_prompts), len(examples))
     pol_samples = min(int(d.pol_samples), self.n)
     counts, first_draw, pol = [], [], []
@@ -317,7 +310,7 @@ class Study:
     union = metrics.success_union(p_hat)
     return {
       "kind": kind,
-      "label": KINDS[kind],
+      "label": DIVERSITY_KINDS[kind],
       "members": self.members,
       "samples": self.n,
       "problems": int(c.shape[1]),
@@ -477,20 +470,11 @@ def _write_by_checkpoint(out: str, by_step: list[dict[str, Any]], k: int) -> Non
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="diversity"`: the study of the module docstring; returns {"report": table.md}."""
-  config_check.validate(config)
+  config_check.validate(config)  # kinds, correction and limit among them
   d = config.diversity
   kinds = [k.strip() for k in str(d.kinds).split(",") if k.strip()]
-  for k in kinds:
-    config_check.check(k in KINDS, "diversity.kinds", d.kinds, f"each one of {tuple(KINDS)}")
-  config_check.check(
-    d.correction in metrics.JS_CORRECTIONS,
-    "diversity.correction",
-    d.correction,
-    f"use one of {metrics.JS_CORRECTIONS}",
-  )
   source = load_population_source(config)
-  limit = config_check.positive_int(d.limit, "diversity.limit")
-  examples = list(run_data.load_examples(config.eval, "eval", limit=limit))
+  examples = list(run_data.load_examples(config.eval, "eval", limit=int(d.limit)))
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0x5D1)
   out = os.path.join(workdir, "diversity")
   os.makedirs(out, exist_ok=True)

@@ -39,9 +39,6 @@ from es_jax import metrics, models, noise, population, reference_arithmetic, sam
 from es_jax.rewards import failure_metrics
 from experiments import config_check, run_context, run_data, samples_log, train_loop
 
-OPTIMIZERS = ("sgd", "adam")
-# "bf16": "fp32" arithmetic on weights kept in the model's dtype; the rest are noise.NoiseSpec's.
-PRECISIONS = ("bf16", *noise.SPEC_PRECISIONS)
 log = logging.getLogger(__name__)
 
 
@@ -115,12 +112,7 @@ def make_update_rule(
     spec: the population's noise spec, the one its evaluation uses; None builds
       ``noise_spec(cfg)``.
   """
-  config_check.check(
-    cfg.optimizer in OPTIMIZERS, "es.optimizer", cfg.optimizer, f"use {OPTIMIZERS}"
-  )
-  config_check.positive_finite(cfg.learning_rate, "es.learning_rate")
-  config_check.positive_finite(cfg.sigma, "es.sigma")
-  config_check.check(cfg.rank >= 0, "es.rank", cfg.rank, "need 0 (full rank) or r >= 1")
+  config_check.validate_section(cfg, "es")  # also called without a validated config
   spec = noise_spec(cfg) if spec is None else spec
   with config_check.user_errors("config.es"):
     fitness_lib.validate_shaping(cfg.shaping)

@@ -25,14 +25,13 @@ import numpy as np
 from es_jax import grpo_train
 from es_jax.rewards import failure_metrics
 from experiments import config_check, run_context, run_data, samples_log, train_loop
+from experiments.configs.choices import GRPO_ADVANTAGE_STD
 
-ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
-MASTER_DTYPES = ("float32", "")
 log = logging.getLogger(__name__)
 
 
 def make_optimizer(cfg: ml_collections.ConfigDict):
-  config_check.positive_finite(cfg.learning_rate, "grpo.learning_rate")
+  config_check.validate_section(cfg, "grpo")  # also called without a validated config
   try:
     return grpo_train.make_optimizer(
       float(cfg.learning_rate),
@@ -88,7 +87,7 @@ def train(
       host = train_loop.to_host(completions)
       rewards = ctx.score(host.tokens, host.mask, rows_examples).reshape(len(examples), group)
       batch, adv_stats = grpo_train.with_advantages(
-        batch, rewards, std=ADVANTAGE_STD[cfg.advantage_std]
+        batch, rewards, std=GRPO_ADVANTAGE_STD[cfg.advantage_std]
       )
       state, update = grpo_train.update_step(
         state,
@@ -124,7 +123,7 @@ def train(
     values.update({f"adv/{k}": float(np.mean(v)) for k, v in jax.device_get(adv_stats).items()})
     values.update({f"grpo/{k}": float(np.mean(v)) for k, v in jax.device_get(update).items()})
     values["tokens_per_second"] = float(host.lengths.sum()) / max(loop.step_seconds(), 1e-9)
-    std = ADVANTAGE_STD[cfg.advantage_std]
+    std = GRPO_ADVANTAGE_STD[cfg.advantage_std]
     rows = functools.partial(samples_log.grpo_rows, ctx.tokenizer, examples, host, rewards, std=std)
     loop.log_samples(step, rows)
     loop.end_step(step, state, values, params=state.params)

@@ -18,9 +18,7 @@ from es_jax import models
 from es_jax.models import gguf_loader
 from experiments import run_data
 from experiments.config_check import check
-
-MODEL_SOURCES = ("default", "hf", "gguf", "orbax")  # and "random" (load_model)
-MODEL_DTYPES = ("", "bfloat16", "float32", "float16")
+from experiments.configs.choices import MODEL_DTYPES, MODEL_SOURCES
 
 
 def load_model(model_config: Mapping[str, Any], *, seed: int = 0):

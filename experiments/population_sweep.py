@@ -26,18 +26,8 @@ from experiments.logger import read_metrics
 
 
 def sizes_of(config: ml_collections.ConfigDict) -> list[int]:
-  raw = str(config.population_sweep.sizes)
-  try:
-    sizes = sorted({int(s) for s in raw.split(",") if s.strip()})
-  except ValueError:
-    sizes = []
-  config_check.check(
-    bool(sizes) and sizes[0] >= 2,
-    "population_sweep.sizes",
-    raw,
-    "need comma-separated population sizes >= 2, e.g. '8,16,32'",
-  )
-  return sizes
+  """The sweep's population sizes, ascending (a validated config: ints >= 2, config_check)."""
+  return sorted({int(s) for s in str(config.population_sweep.sizes).split(",") if s.strip()})
 
 
 def debiased_ema(values: Sequence[float], decay: float) -> np.ndarray:

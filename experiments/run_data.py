@@ -16,7 +16,7 @@ needs saving. A sequential run's second stage continues the stream where the fir
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import ml_collections
@@ -25,9 +25,6 @@ import numpy as np
 from es_jax import data, sampling
 from experiments import config_check
 from experiments.config_check import check
-
-if TYPE_CHECKING:  # run_context imports this module
-  from experiments.run_context import Context
 
 KEY_STREAMS = ("noise", "sample", "eval", "init")
 
@@ -154,8 +151,12 @@ def samples_per_step(config: ml_collections.ConfigDict, method: str) -> int:
   return int(config.data.prompts_per_step) * int(per_prompt)
 
 
-def step_batch(ctx: Context, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
-  """The examples and encoded prompts of a global step."""
+def step_batch(ctx: Any, global_step: int) -> tuple[list[dict], np.ndarray, np.ndarray]:
+  """The examples and encoded prompts of a global step.
+
+  `ctx` is an `experiments.run_context.Context` (its `examples`, `tokenizer` and `config`); not
+  imported for the annotation, since run_context imports this module.
+  """
   idx = batch_indices(
     len(ctx.examples),
     step=global_step,

@@ -26,9 +26,9 @@ import ml_collections
 
 from es_jax import preemption
 from experiments import config_check, es, grpo, run_context, run_data, train_loop
+from experiments.configs.choices import SEQUENTIAL_ORDERS
 
 TRAINERS = {"es": es.train, "grpo": grpo.train}
-ORDERS = {"grpo_es": ("grpo", "es"), "es_grpo": ("es", "grpo")}
 
 
 def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
@@ -45,14 +45,10 @@ def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
 
 
 def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_loop.Stage]:
-  """The two stages of the schedule `config.sequential` names."""
+  """The two stages of the schedule `config.sequential` names (a validated config)."""
   seq = config.sequential
-  config_check.check(
-    seq.order in ORDERS, "sequential.order", seq.order, f"use one of {tuple(ORDERS)}"
-  )
-  total = config_check.positive_int(seq.total_steps, "sequential.total_steps")
-  n1, n2 = split_budget(total, float(seq.first_fraction))
-  (m1, m2) = ORDERS[seq.order]
+  n1, n2 = split_budget(int(seq.total_steps), float(seq.first_fraction))
+  (m1, m2) = SEQUENTIAL_ORDERS[seq.order]
   first_samples = n1 * run_data.samples_per_step(config, m1)
   return [
     train_loop.Stage(m1, n1, os.path.join(workdir, f"stage1_{m1}", "checkpoints"), 0, f"1_{m1}"),
@@ -62,15 +58,10 @@ def stages(config: ml_collections.ConfigDict, workdir: str) -> list[train_loop.S
   ]
 
 
-KL_REFERENCES = ("base", "stage1")
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """Both stages, then the final evaluation and export of the second stage's params."""
+  config_check.validate(config)  # sequential.kl_reference among them, before anything runs
   reference = config.sequential.kl_reference
-  config_check.check(
-    reference in KL_REFERENCES, "sequential.kl_reference", reference, f"use one of {KL_REFERENCES}"
-  )
   with preemption.sigterm_scope():  # one flag for both stages and the final evaluation
     ctx = run_context.make_context(config, workdir)
     params = ctx.base_params

@@ -303,6 +303,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   from ml_collections import ConfigDict
 
   from experiments import es as es_runner
+  from experiments.configs import choices
 
   rng = np.random.default_rng(0)
   w16 = (0.02 * rng.standard_normal((3, 8, 16))).astype(ml_dtypes.bfloat16)
@@ -315,7 +316,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   delta = jax.tree.map(lambda d: -cfg.learning_rate * d, _explicit(base, fitness.zscore(r), key))
   exact = jax.tree.map(lambda p, d: np.asarray(p, np.float64) + d, base, delta)
   got = {}
-  for mode in es_runner.PRECISIONS:
+  for mode in choices.ES_PRECISIONS:
     master = es_runner.master_weights(jax.tree.map(jnp.copy, base), mode, jnp.bfloat16)
     state = {"params": master, "opt_state": opt.init(master)}
     got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)["params"]

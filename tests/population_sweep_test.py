@@ -45,4 +45,4 @@ def test_population_sweep_runs_each_size(tmp_path):
   with pytest.raises(ValueError, match="population_sweep.sizes"):
     c2 = ConfigDict(c.to_dict())
     c2.population_sweep.sizes = "eight"
-    population_sweep.sizes_of(c2)
+    population_sweep.run(c2, str(tmp_path / "bad"))  # refused by config_check.validate
