@@ -319,3 +319,28 @@ def test_printed_config_shows_only_the_groups_the_method_reads():
   }
   assert shown(method="fair_study") >= {"es", "grpo", "fair", "diversity", "demo"}
   assert "population_sweep" not in shown(method="demo")
+
+
+def test_validate_section_checks_one_section_with_the_schema_rules():
+  es = ml_collections.ConfigDict(base.base_config().es.to_dict())
+  assert config_check.validate_section(es, "es") is es
+  es.sigma = float("nan")
+  with pytest.raises(config_check.ConfigError, match=r"config\.es\.sigma=nan is invalid: need a"):
+    config_check.validate_section(es, "es")
+  grpo = ml_collections.ConfigDict(dict(base.base_config().grpo.to_dict(), master_dtype="bf16"))
+  with pytest.raises(config_check.ConfigError, match=r"config\.grpo\.master_dtype='bf16'"):
+    config_check.validate_section(grpo, "grpo")
+
+
+def test_runners_read_the_allowed_names_from_the_config_layer():
+  """demo.RUNS and the schema's demo.runs are the same names (one declaration, in choices)."""
+  from experiments import demo
+  from experiments.configs import choices
+
+  assert tuple(demo.RUNS) == tuple(choices.DEMO_RUNS)
+  assert all(demo.RUNS[n][0] == choices.DEMO_RUNS[n][0] for n in demo.RUNS)
+  for name in choices.DEMO_RUNS:
+    assert config_check.schema()["demo.runs"](name) is None
+  assert config_check.schema()["demo.runs"]("es,ppo") is not None
+  for order in choices.SEQUENTIAL_ORDERS:
+    assert config_check.schema()["sequential.order"](order) is None
