@@ -12,7 +12,7 @@ module; no runner is imported here (the runners import this module). The errors 
 single-value checks (`ConfigError`, `check`, ...) live in `experiments.config_errors`.
 `check_workdir(config, workdir)` refuses to resume a workdir whose saved config.json names
 another method. `unknown_key_message` turns an unknown `--config.a.b` override into one line with
-close matches.
+close matches. `--help_config`'s listing of every field is `experiments.config_docs`.
 
 `main` and the runners' `run` call `validate`, so library callers get the same checks.
 """
@@ -433,78 +433,3 @@ def compact(config: Any) -> str:
     if isinstance(v, Mapping) and (used is None or k in used):
       lines.append(f"  {k}: " + " ".join(f"{kk}={vv!r}" for kk, vv in v.items()))
   return "\n".join(lines)
-
-
-@functools.cache
-def field_docs() -> dict[str, str]:
-  """{dotted key: its comment in experiments/configs/base.py}: the `# ...` on a field's line or
-  the comment block just above it (above `c.<section> = dict(` for the section itself)."""
-  import ast
-  import io
-  import tokenize
-
-  from experiments.configs import base
-
-  with open(base.__file__, encoding="utf-8") as f:
-    source = f.read()
-  comments = {
-    tok.start[0]: tok.string.lstrip("#").strip()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-    if tok.type == tokenize.COMMENT
-  }
-  code_lines = source.splitlines()
-
-  def doc(line: int) -> str:
-    """The comment on `line` (after code), else the comment lines right above it."""
-    if line in comments and not code_lines[line - 1].lstrip().startswith("#"):
-      return comments[line]
-    above, i = [], line - 1
-    while i in comments and code_lines[i - 1].lstrip().startswith("#"):
-      above.insert(0, comments[i])
-      i -= 1
-    return " ".join(above)
-
-  out: dict[str, str] = {}
-  fn = next(
-    n
-    for n in ast.walk(ast.parse(source))
-    if isinstance(n, ast.FunctionDef) and n.name == "base_config"
-  )
-  for node in fn.body:
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-      continue
-    target = node.targets[0]
-    if not (isinstance(target, ast.Attribute) and getattr(target.value, "id", "") == "c"):
-      continue
-    out[target.attr] = doc(node.lineno)
-    if isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "dict":
-      for kw in node.value.keywords:
-        if kw.arg:
-          out[f"{target.attr}.{kw.arg}"] = doc(kw.value.lineno)
-  return out
-
-
-def describe(config: Any) -> str:
-  """Every key of `config`: its value, what values are allowed and what it means (for
-  `--help_config`)."""
-  rules, docs = schema(), field_docs()
-  lines = []
-  for dotted in all_fields(config):
-    value = _get(config, dotted)
-    section = hasattr(value, "keys") and not isinstance(value, str)
-    if section:
-      lines += ["", f"{dotted}:" + (f"  # {docs[dotted]}" if docs.get(dotted) else "")]
-      continue
-    line = f"  {dotted} = {value!r}"
-    if dotted in rules:
-      try:
-        need = rules[dotted](object())  # what the rule asks of a value it cannot accept
-      except Exception:  # noqa: BLE001 - a rule that needs a real value: no hint
-        need = None
-      if need:
-        line += f"  [{need}]"
-    parent = dotted.rpartition(".")[0]
-    if docs.get(dotted) and docs[dotted] != docs.get(parent):
-      line += f"  # {docs[dotted]}"
-    lines.append(line)
-  return "\n".join(lines).lstrip("\n")

@@ -235,9 +235,9 @@ def main(argv) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   setup_logging(flags.FLAGS.verbosity)
   if _HELP_CONFIG.value:
-    from experiments import config_check
+    from experiments import config_docs
 
-    print(config_check.describe(_CONFIG.value))
+    print(config_docs.describe(_CONFIG.value))
     return
   if not _WORKDIR.value:
     user_error("--workdir is required: the run directory (local or gs://).")

@@ -10,7 +10,7 @@ import sys
 import ml_collections
 import pytest
 
-from experiments import config_check, main, model_io, run_context
+from experiments import config_check, config_docs, main, model_io, run_context
 from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 
@@ -93,7 +93,7 @@ def test_hash_fallback_is_an_opt_in_reward_name():
   assert easy.data.reward == ""  # the task's own: \\boxed{} answers only
   config = _with(easy, data__reward="gsm8k_hash")
   assert config_check.validate(config) is config
-  assert "gsm8k_hash" in config_check.field_docs()["data.reward"]
+  assert "gsm8k_hash" in config_docs.field_docs()["data.reward"]
 
 
 @pytest.mark.parametrize(
@@ -208,7 +208,7 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
 
 def test_describe_lists_every_key_with_its_rule_and_comment():
   config = demo_config.get_config()
-  text = config_check.describe(config)
+  text = config_docs.describe(config)
   lines = text.splitlines()
   keys = {ln.split(" = ")[0].strip() for ln in lines if ln.startswith("  ")}
   sections = {ln.split(":")[0] for ln in lines if ln and not ln.startswith(" ")}
@@ -216,7 +216,7 @@ def test_describe_lists_every_key_with_its_rule_and_comment():
   assert "es.population_size" in keys and "seed" in keys and "eval" in sections
   line = next(ln for ln in lines if ln.startswith("  es.population_size = "))
   assert line.endswith("[need an int >= 1]  # N"), line  # the rule and base.py's comment
-  docs = config_check.field_docs()
+  docs = config_docs.field_docs()
   assert docs["eval.every"].startswith("periodic eval every this many steps")
   assert docs["model"].startswith("source: default (bundled SmolLM2 GGUF)")  # the block above
 
