@@ -114,12 +114,12 @@ def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, m
 
   monkeypatch.setattr(calibration, "measure_sigma", counting)
   calls = iter([False, True])  # SIGTERM arrives after the first σ
-  monkeypatch.setattr(calibration.checkpoint, "preempted", lambda: next(calls, True))
+  monkeypatch.setattr(calibration.preemption, "preempted", lambda: next(calls, True))
   assert calibration.run(config, str(tmp_path)) == {"stopped": True}
   first = config.diversity.sigmas[0]
   assert measured == [first]
   partial = json.load(open(tmp_path / "calibration" / "rows.partial.json"))
-  monkeypatch.setattr(calibration.checkpoint, "preempted", lambda: False)
+  monkeypatch.setattr(calibration.preemption, "preempted", lambda: False)
   result = calibration.run(config, str(tmp_path))
   assert measured == list(config.diversity.sigmas)  # the rerun measured only the missing σ
   table = json.load(open(tmp_path / "calibration" / "table.json"))
