@@ -48,7 +48,7 @@ import numpy as np
 import tqdm
 
 from es_jax import checkpoint as checkpoint_lib
-from es_jax import data, models, rewards, sampling
+from es_jax import data, models, rewards, sampling, sharding
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data
 from experiments.config_check import check, positive_int
 from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
@@ -169,11 +169,16 @@ def evaluate_model(
   }
   records: dict[int, dict] = {}
   jsonl = None
+  writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
   if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
     jsonl = stem + ".jsonl"
-    records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+    if writer:
+      os.makedirs(out_dir, exist_ok=True)
+      records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+    sharding.sync_hosts(f"es_jax_eval_open_{label}")
+    if not writer and os.path.exists(jsonl):  # the shared workdir's records, as repaired
+      records = {r["index"]: r for r in eval_results.read_records(jsonl)}
   records = {i: r for i, r in records.items() if i < len(examples)}
   for i, r in records.items():
     if r["id"] != eval_results.example_id(examples[i], i):
@@ -222,7 +227,7 @@ def evaluate_model(
     block_key = jax.random.fold_in(task_key, start // batch_size)
     for i, scored in scorer.score_block(examples, block, set(records), block_key):
       records[i] = eval_results.make_record(i, examples[i], scored)
-      if jsonl is not None:
+      if jsonl is not None and writer:
         eval_results.append_record(jsonl, records[i])
       if on_problem is not None:
         on_problem(records[i])
@@ -243,11 +248,11 @@ def evaluate_model(
         )
   bar.close()
   seconds = time.perf_counter() - t0
-  if jsonl is not None and scorer.calls:
+  if jsonl is not None and scorer.calls and writer:
     eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
   ordered = [records[i] for i in sorted(records)]
   summary = summarize(ordered, ks=ks)
-  if out_dir is not None and report:
+  if out_dir is not None and report and writer:
     write_report({label: summary}, out_dir)
   timing = {
     "seconds": seconds,
@@ -310,7 +315,7 @@ def evaluate_tasks(
   averaged = [t.label for t in tasks if t.average]
   _check(bool(averaged), "tasks average", labels, "at least one task must enter the average")
   macro = eval_results.macro({label: summaries[label] for label in averaged})
-  if out_dir is not None:
+  if out_dir is not None and sharding.is_primary():
     write_report(summaries, out_dir, averaged=averaged)
   return {"tasks": results, "macro": macro, "macro_tasks": averaged}
 

@@ -23,7 +23,7 @@ import numpy as np
 from etils import epath
 
 from es_jax import checkpoint as checkpoint_lib
-from es_jax import metrics
+from es_jax import metrics, sharding
 from es_jax.checkpoint import Checkpointer, install_sigterm_handler
 from experiments import evaluate, model_io, report, run_context, run_data
 from experiments.config_check import ConfigError, check, positive_int
@@ -348,7 +348,9 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
     log.info("final evaluation into %s", eval_dir)
     # The records say which params they score: a run extended to more steps re-evaluates.
     run_info = {"params_digest": checkpoint_lib.tree_digest(params)}
-    set_aside_stale_evaluation(eval_dir, run_info)
+    if sharding.is_primary():  # several hosts: process 0 writes the workdir, the others read it
+      set_aside_stale_evaluation(eval_dir, run_info)
+    sharding.sync_hosts("es_jax_final_evaluation")
     try:
       ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
     except evaluate.EvaluationStopped:
@@ -358,13 +360,16 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
   if checkpoint_lib.preempted():
     return evaluate.stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
-    results["hf"] = model_io.export_hf(
-      params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
-    )
-    log.info("exported the final model (HF format) to %s", results["hf"])
-  results["plots"] = train_metrics_plots(ctx.workdir, ctx.config)
-  (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
-  log.info("done: %s", ctx.workdir)
+    results["hf"] = os.path.join(ctx.workdir, "hf")
+    params = sharding.fetch(params)  # several hosts: the whole model on process 0
+    if sharding.is_primary():
+      model_io.export_hf(params, ctx.model_config, ctx.tokenizer, results["hf"])
+      log.info("exported the final model (HF format) to %s", results["hf"])
+  if sharding.is_primary():
+    results["plots"] = train_metrics_plots(ctx.workdir, ctx.config)
+    (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
+    log.info("done: %s", ctx.workdir)
+  sharding.sync_hosts("es_jax_done")  # no host leaves before the run's files are written
   return results
 
 
@@ -379,5 +384,8 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
     return finish(ctx, result.params, stopped=not result.finished)
 
 
-def to_host(tree):
-  return jax.tree.map(np.asarray, tree)
+def local_completions(completions):
+  """(row indices, the rows this process holds) of completions split over 'pop' (all of them,
+  in order, on one host): what this host decodes and scores."""
+  rows = sharding.local_rows(completions.tokens)[0]
+  return rows, type(completions)(*(sharding.local_rows(x)[1] for x in completions))
