@@ -103,6 +103,16 @@ def _key_sharding_like(abstract_state: Any) -> jax.sharding.Sharding:
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
 
+def _savable_key_data(key: jax.Array, state: Any) -> jax.Array:
+  """The key's data; on several hosts a host-local key is laid out as the restore expects it
+  (`_key_sharding_like`), since Orbax writes only global arrays there."""
+  data = jax.random.key_data(key)
+  if jax.process_count() == 1 or not data.is_fully_addressable:
+    return data
+  host = np.asarray(data)
+  return jax.make_array_from_callback(host.shape, _key_sharding_like(state), lambda i: host[i])
+
+
 class Checkpointer:
   """Saves and restores (state, key, meta) checkpoints of a run, keeping the newest few.
 
@@ -205,7 +215,7 @@ class Checkpointer:
       return False
     items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     if key is not None:
-      data = jax.random.key_data(key)
+      data = _savable_key_data(key, state)
       items["key"] = ocp.args.StandardSave({"data": data})
       impl = {"impl": str(jax.random.key_impl(key)), "shape": list(data.shape)}
       items["key_impl"] = ocp.args.JsonSave(impl)
@@ -215,7 +225,7 @@ class Checkpointer:
         "version": integrity.MANIFEST_VERSION,
         "digest": integrity.DIGEST,
         "state": integrity.tree_manifest(state),
-        "key": None if key is None else integrity.tree_manifest({"data": jax.random.key_data(key)}),
+        "key": None if key is None else integrity.tree_manifest({"data": data}),
         "meta": integrity.meta_digest(meta),
         "key_impl": impl if key is not None else None,
       }
