@@ -3,11 +3,9 @@
 One checkpoint holds three items, each in its own subdirectory of `<directory>/<step>/`:
 
   state/  any pytree of arrays (params, optimizer state, ...), `ocp.args.StandardSave`;
-  key/    the run key's data (`jax.random.key_data`), optional, with its PRNG implementation
-          in key_impl/ (Orbax's `JaxRandomKeySave` re-wraps with the default implementation,
-          which breaks "rbg" keys);
-  meta/   a JSON object: the step plus what the caller adds (data position, stage of a
-          sequential run, config hash, ...).
+  key/    the run key's data, optional, with its PRNG implementation in key_impl/ (Orbax's
+          `JaxRandomKeySave` re-wraps with the default implementation: "rbg" keys broke);
+  meta/   a JSON object: the step plus what the caller adds (data position, stage, ...).
 
 Saves are atomic: Orbax writes `<step>.orbax-checkpoint-tmp-<ts>/` and renames it on commit (on
 gs:// it writes `commit_success.txt` last instead), so a run killed mid-save leaves nothing that
@@ -26,11 +24,9 @@ fails to restore, the warning names the files that no longer match it.
 
 `restore()` with no step tries the newest checkpoint first. A checkpoint that cannot be read or
 fails its integrity check (a file changed, truncated or missing, its commit marker missing) is
-skipped with a `CorruptCheckpointWarning`
-naming its path; once an older one restores, the unreadable newer ones are moved aside to
-`<step>.corrupt` so that the resumed run can save those steps again.
-
-Paths may be local or gs:// (anything `etils.epath` opens); they are passed through to Orbax.
+skipped with a `CorruptCheckpointWarning` naming its path; once an older one restores, the
+unreadable newer ones are moved aside to `<step>.corrupt` so that the resumed run can save those
+steps again. Paths may be local or gs:// (anything `etils.epath` opens), passed through to Orbax.
 Stopping a run on SIGTERM (save, then exit 0) is `es_jax.preemption`.
 """
 
