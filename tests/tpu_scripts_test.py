@@ -154,6 +154,11 @@ def test_missing_args_print_usage(env, script):
 def test_dry_run_prints_commands_only(env, script, args, expect):
   r = _run(env, script, "--dry-run", *args, repo=True, check=0)
   assert expect in r.stdout.replace("\\ ", " "), r.stdout
+  # The action only: the helper library the workers get is named, its function bodies are not.
+  for body in ("run_pid() {", "declare -A newest", "commit_success.txt"):
+    assert body not in r.stdout, r.stdout
+  if "tpu-vm ssh" in r.stdout:
+    assert '--command "$(cat ' in r.stdout and 'remote_lib.sh)"' in r.stdout
   assert _gcloud_calls(env) == [] and not (env["tmp"] / "out").exists()
   assert not list(env["stubs"].glob("*.argv"))  # the planner did not run either
 
