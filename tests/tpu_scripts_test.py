@@ -237,6 +237,7 @@ def test_launch_without_planner_needs_skip_plan(env):
     (["--dryrun"], "unknown option: --dryrun"),
     (["--config.model.path=/no/such/model"], "not launched"),
     (["--config.model.path=~/qwen"], "give an absolute path"),
+    (["--config.data.source_dir=gs://b/gsm8k"], "loaders read local directories only"),
   ],
 )
 def test_launch_refuses_bad_input_before_starting(env, args, message):
