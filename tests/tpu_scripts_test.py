@@ -24,6 +24,7 @@ SCRIPTS = sorted(p.name for p in SCRIPTS_DIR.glob("*.sh") if os.access(p, os.X_O
 GCLOUD_STUB = r"""#!/usr/bin/env bash
 printf '%q ' "$@" >> "$STUB_DIR/gcloud.log"; echo >> "$STUB_DIR/gcloud.log"
 if [[ "$4" == describe ]]; then
+  echo "WARNING: a gcloud notice on stderr" >&2
   [[ -n "${STUB_STATE:-}" ]] && echo "$STUB_STATE" && exit 0
   echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) ${STUB_ERROR:-NOT_FOUND: not found}" >&2
   exit 1
@@ -330,7 +331,11 @@ def test_resume_recreates_only_a_vm_that_is_gone(env, state, subcommands):
   [
     ("CREATING", "", "is CREATING: wait"),
     ("STOPPED", "", "start it"),
-    ("", "PERMISSION_DENIED: no", "cannot ask the state of t1: ERROR"),
+    (
+      "",
+      "PERMISSION_DENIED: no",
+      "cannot ask the state of t1: WARNING: a gcloud notice on stderr\nERROR: (gcloud",
+    ),
   ],
 )
 def test_resume_leaves_other_states_alone(env, state, error, message):

@@ -60,10 +60,11 @@ if ((DRY_RUN)); then
   tpu_gcloud describe "$TPU_NAME" --format='value(state)'
   recreate
 else
-  rc=0
-  state="$(tpu_gcloud describe "$TPU_NAME" --format='value(state)' 2>&1)" || rc=$?
+  rc=0 errors="$(mktemp)"
+  trap 'rm -f "$errors"' EXIT
+  state="$(tpu_gcloud describe "$TPU_NAME" --format='value(state)' 2>"$errors")" || rc=$?
   if ((rc)); then
-    grep -q NOT_FOUND <<<"$state" || die "cannot ask the state of $TPU_NAME: $state"
+    grep -q NOT_FOUND "$errors" || die "cannot ask the state of $TPU_NAME: $(cat "$errors")"
     state=""
   fi
   note "TPU $TPU_NAME in $ZONE: ${state:-gone}"
