@@ -6,7 +6,7 @@
 
 Required: `model.path` (a local HF directory: config.json, *.safetensors, tokenizer files; for a
 GGUF file also --config.model.source=gguf) and `data.path` (a .jsonl / .json / .csv / .parquet
-file of {"question": ..., "answer": ...} rows; other field names with data.question_field and
+file, or a `datasets` save_to_disk split directory, of {"question": ..., "answer": ...} rows; other field names with data.question_field and
 data.answer_field). A missing one is a one-line error. The reward is exact match of the
 <answer></answer> text (`qa`); pick another with --config.data.reward=math|gsm8k|choice|code or
 your function, --config.data.reward=my_reward.py:score, `score(completion: str, example: dict) ->
