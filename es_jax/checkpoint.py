@@ -3,11 +3,9 @@
 One checkpoint holds three items, each in its own subdirectory of `<directory>/<step>/`:
 
   state/  any pytree of arrays (params, optimizer state, ...), `ocp.args.StandardSave`;
-  key/    the run key's data (`jax.random.key_data`), optional, with its PRNG implementation
-          in key_impl/ (Orbax's `JaxRandomKeySave` re-wraps with the default implementation,
-          which breaks "rbg" keys);
-  meta/   a JSON object: the step plus what the caller adds (data position, stage of a
-          sequential run, config hash, ...).
+  key/    the run key's data, optional, with its PRNG implementation in key_impl/ (Orbax's
+          `JaxRandomKeySave` re-wraps with the default implementation: "rbg" keys broke);
+  meta/   a JSON object: the step plus what the caller adds (data position, stage, ...).
 
 Saves are atomic: Orbax writes `<step>.orbax-checkpoint-tmp-<ts>/` and renames it on commit (on
 gs:// it writes `commit_success.txt` last instead), so a run killed mid-save leaves nothing that
@@ -26,11 +24,9 @@ fails to restore, the warning names the files that no longer match it.
 
 `restore()` with no step tries the newest checkpoint first. A checkpoint that cannot be read or
 fails its integrity check (a file changed, truncated or missing, its commit marker missing) is
-skipped with a `CorruptCheckpointWarning`
-naming its path; once an older one restores, the unreadable newer ones are moved aside to
-`<step>.corrupt` so that the resumed run can save those steps again.
-
-Paths may be local or gs:// (anything `etils.epath` opens); they are passed through to Orbax.
+skipped with a `CorruptCheckpointWarning` naming its path; once an older one restores, the
+unreadable newer ones are moved aside to `<step>.corrupt` so that the resumed run can save those
+steps again. Paths may be local or gs:// (anything `etils.epath` opens), passed through to Orbax.
 Stopping a run on SIGTERM (save, then exit 0) is `es_jax.preemption`.
 """
 
@@ -101,6 +97,16 @@ def _key_sharding_like(abstract_state: Any) -> jax.sharding.Sharding:
     if isinstance(sharding, jax.sharding.NamedSharding):
       return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec())
   return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _savable_key_data(key: jax.Array, state: Any) -> jax.Array:
+  """The key's data; on several hosts a host-local key is laid out as the restore expects it
+  (`_key_sharding_like`), since Orbax writes only global arrays there."""
+  data = jax.random.key_data(key)
+  if jax.process_count() == 1 or not data.is_fully_addressable:
+    return data
+  host = np.asarray(data)
+  return jax.make_array_from_callback(host.shape, _key_sharding_like(state), lambda i: host[i])
 
 
 class Checkpointer:
@@ -205,7 +211,7 @@ class Checkpointer:
       return False
     items = {"state": ocp.args.StandardSave(state), "meta": ocp.args.JsonSave(meta)}
     if key is not None:
-      data = jax.random.key_data(key)
+      data = _savable_key_data(key, state)
       items["key"] = ocp.args.StandardSave({"data": data})
       impl = {"impl": str(jax.random.key_impl(key)), "shape": list(data.shape)}
       items["key_impl"] = ocp.args.JsonSave(impl)
@@ -215,7 +221,7 @@ class Checkpointer:
         "version": integrity.MANIFEST_VERSION,
         "digest": integrity.DIGEST,
         "state": integrity.tree_manifest(state),
-        "key": None if key is None else integrity.tree_manifest({"data": jax.random.key_data(key)}),
+        "key": None if key is None else integrity.tree_manifest({"data": data}),
         "meta": integrity.meta_digest(meta),
         "key_impl": impl if key is not None else None,
       }

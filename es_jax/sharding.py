@@ -23,6 +23,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import _checks
@@ -32,6 +33,9 @@ AXES = ("pop", "model")
 # Environment variables that announce a multi-process launch. jax.distributed.initialize()
 # discovers the coordinator itself from them (TPU metadata, SLURM, Open MPI, or explicit).
 _COORDINATOR_VARS = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS")
+# An explicit launch (e.g. several processes on one machine or hand-started hosts) names the
+# process count and this process's index; jax.distributed.initialize() reads neither itself.
+_EXPLICIT_VARS = {"num_processes": "JAX_NUM_PROCESSES", "process_id": "JAX_PROCESS_ID"}
 
 
 def make_mesh(
@@ -74,7 +78,9 @@ def initialize_distributed(**kwargs: Any) -> bool:
   Initialises when the environment announces several processes: a coordinator address
   (``JAX_COORDINATOR_ADDRESS``), a multi-host TPU slice (``TPU_WORKER_HOSTNAMES`` with more than
   one host, or ``MEGASCALE_COORDINATOR_ADDRESS``), or a SLURM / Open MPI launch with more than one
-  task. Call it before any other JAX call.
+  task. A launch by hand (no cluster to detect) sets ``JAX_COORDINATOR_ADDRESS`` (host:port of
+  process 0), ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` in every process. Call it before any
+  other JAX call.
 
   Args:
     **kwargs: passed to ``jax.distributed.initialize`` (coordinator_address, num_processes, ...);
@@ -88,8 +94,25 @@ def initialize_distributed(**kwargs: Any) -> bool:
     return False
   if not kwargs and not _multi_process_env(os.environ):
     return False
-  jax.distributed.initialize(**kwargs)
+  jax.distributed.initialize(**{**explicit_launch(os.environ), **kwargs})
   return True
+
+
+def explicit_launch(env: dict[str, str]) -> dict[str, int]:
+  """``num_processes`` / ``process_id`` from ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``.
+
+  Raises:
+    ValueError: a variable is set but not a non-negative integer (the message names it).
+  """
+  out = {}
+  for name, var in _EXPLICIT_VARS.items():
+    value = env.get(var, "").strip()
+    if not value:
+      continue
+    if not value.isdigit():
+      raise ValueError(f"{var}={value!r}: need a non-negative integer.")
+    out[name] = int(value)
+  return out
 
 
 def _multi_process_env(env: dict[str, str]) -> bool:
@@ -189,3 +212,45 @@ def local_rows(x: jax.Array) -> tuple[np.ndarray, np.ndarray]:
   starts = sorted(pieces)
   rows = [np.arange(s, s + pieces[s].shape[0], dtype=np.int32) for s in starts]
   return np.concatenate(rows), np.concatenate([pieces[s] for s in starts])
+
+
+def gather_rows(rows: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+  """The full ``[size, ...]`` array on every process from each process's own rows.
+
+  ``rows``/``values`` are what ``local_rows`` gave this process (every process the same count);
+  only these values cross hosts. On one host this is ``values`` put in row order.
+
+  Raises:
+    ValueError: some row of ``0 .. size-1`` came from no process.
+  """
+  rows, values = np.asarray(rows, np.int32), np.asarray(values)
+  if jax.process_count() > 1:
+    gathered = multihost_utils.process_allgather({"rows": rows, "values": values})
+    rows = np.concatenate(list(gathered["rows"]))
+    values = np.concatenate(list(gathered["values"]))
+  seen = np.zeros(size, bool)
+  seen[rows] = True
+  if not seen.all():
+    raise ValueError(f"gather_rows: rows {np.flatnonzero(~seen).tolist()} of {size} are missing.")
+  out = np.empty((size, *values.shape[1:]), values.dtype)
+  out[rows] = values
+  return out
+
+
+def is_primary() -> bool:
+  """Whether this process writes a run's shared files (process 0; always on one host)."""
+  return jax.process_index() == 0
+
+
+def sync_hosts(name: str) -> None:
+  """Waits until every process reaches the barrier `name`; a no-op on one host."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
+def fetch(tree: Any) -> Any:
+  """``tree`` with every array whole on this host: unchanged on one host; on several, each
+  array gathered from every process (a collective: every process calls it)."""
+  if jax.process_count() == 1:
+    return tree
+  return multihost_utils.process_allgather(tree, tiled=True)

@@ -217,8 +217,8 @@ class Study:
       members_per_chunk=self.chunk,
       mesh=self.mesh,
       share_sample_key=False,
-    )
-    return np.asarray(out.tokens), np.asarray(out.mask)
+    )  # members split over 'pop'; several hosts: JS_pol scores every member's tokens everywhere
+    return tuple(np.asarray(x) for x in sharding.fetch((out.tokens, out.mask)))
 
   def correct(self, tokens, mask, examples) -> np.ndarray:
     """[N, R] bool: the eval task's verifier on each member's decoded completions."""
@@ -476,7 +476,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   source = load_population_source(config)
   examples = list(run_data.load_examples(config.eval, "eval", limit=int(d.limit)))
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0x5D1)
-  out = os.path.join(workdir, "diversity")
+  out = os.path.join(workdir, "diversity")  # several hosts: each measures, process 0 writes
   os.makedirs(out, exist_ok=True)
   if d.checkpoints:
     config_check.check(
@@ -491,9 +491,13 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       source = at_step(source, params, g)  # each checkpoint with its own step key
       rows = _measure_all(Study(config, source), kinds, examples, key)
       by_step.append({"checkpoint": step, "global_step": g, "rows": rows})
-    _write_by_checkpoint(out, by_step, int(d.num_samples))
+    if sharding.is_primary():
+      _write_by_checkpoint(out, by_step, int(d.num_samples))
   else:
     rows = _measure_all(Study(config, source), kinds, examples, key)
+  path = os.path.join(out, "table.md")
+  if not sharding.is_primary():
+    return {"report": path, "diversity": {r["kind"]: r["js_succ"] for r in rows}}
   eval_results.write_json(
     os.path.join(out, "table.json"),
     {
@@ -505,6 +509,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       "rows": rows,
     },
   )
-  path = os.path.join(out, "table.md")
   eval_results.write_text(path, markdown(rows, source, config))
   return {"report": path, "diversity": {r["kind"]: r["js_succ"] for r in rows}}

@@ -239,7 +239,8 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
     values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))
     values.update(failure_metrics())  # checks scored 0 on a timeout or crash
-    n_tokens = float(np.sum(stats.completions.lengths))
+    # Every host's members (stats.completions holds this host's only): mean length x prompts.
+    n_tokens = float(np.sum(stats.mean_length, dtype=np.float64)) * ids.shape[0]
     values["tokens_per_second"] = n_tokens / max(loop.step_seconds(), 1e-9)
     loop.log_samples(
       step, functools.partial(samples_log.es_rows, ctx.tokenizer, examples, fitness, stats)

@@ -48,7 +48,7 @@ import ml_collections
 import numpy as np
 import tqdm
 
-from es_jax import data, models, preemption, rewards, sampling
+from es_jax import data, models, preemption, rewards, sampling, sharding
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
 from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
@@ -166,13 +166,18 @@ def evaluate_model(
   records: dict[int, dict] = {}
   jsonl = stem = None
   prompt_fn = prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
+  writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
   if out_dir is not None:
-    os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
     jsonl = stem + ".jsonl"
-    records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+    if writer:
+      os.makedirs(out_dir, exist_ok=True)
+      records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
+    sharding.sync_hosts(f"es_jax_eval_open_{label}")
+    if not writer and os.path.exists(jsonl):  # the shared workdir's records, as repaired
+      records = {r["index"]: r for r in eval_results.read_records(jsonl)}
   samples = samples_log.EvalSamples(
-    stem and stem + ".samples.jsonl",
+    stem + ".samples.jsonl" if stem and writer else None,
     keep=keep_samples,
     prompt_fn=prompt_fn,
     resume=resume,
@@ -225,7 +230,7 @@ def evaluate_model(
     for i, scored in scorer.score_block(examples, block, set(records), block_key):
       scored = samples.take(i, examples[i], scored)  # its samples line first: no duplicate
       records[i] = eval_results.make_record(i, examples[i], scored)
-      if jsonl is not None:
+      if jsonl is not None and writer:
         eval_results.append_record(jsonl, records[i])
       if on_problem is not None:
         on_problem(records[i])
@@ -240,11 +245,11 @@ def evaluate_model(
         log.info(line, label, len(records), len(examples), pass_at_1, *times)
   bar.close()
   seconds = time.perf_counter() - t0
-  if jsonl is not None and scorer.calls:
+  if jsonl is not None and scorer.calls and writer:
     eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
   ordered = [records[i] for i in sorted(records)]
   summary = eval_results.summarize(ordered, ks=ks)
-  if out_dir is not None and report:
+  if out_dir is not None and report and writer:
     eval_results.write_report({label: summary}, out_dir)
   timing = {
     "seconds": seconds,
@@ -308,7 +313,7 @@ def evaluate_tasks(
   averaged = [t.label for t in tasks if t.average]
   _check(bool(averaged), "tasks average", labels, "at least one task must enter the average")
   macro = eval_results.macro({label: summaries[label] for label in averaged})
-  if out_dir is not None:
+  if out_dir is not None and sharding.is_primary():
     eval_results.write_report(summaries, out_dir, averaged=averaged)
   return {"tasks": results, "macro": macro, "macro_tasks": averaged}
 

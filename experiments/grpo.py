@@ -22,7 +22,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from es_jax import grpo_train
+from es_jax import grpo_train, sharding
 from es_jax.rewards import failure_metrics
 from experiments import config_check, run_context, run_data, samples_log, train_loop
 from experiments.configs.choices import GRPO_ADVANTAGE_STD
@@ -83,9 +83,13 @@ def train(
         pad_id=ctx.pad_id,
         mesh=ctx.mesh,
       )
-      rows_examples = [ex for ex in examples for _ in range(group)]
-      host = train_loop.to_host(completions)
-      rewards = ctx.score(host.tokens, host.mask, rows_examples).reshape(len(examples), group)
+      # Each host decodes and scores the rows on its own devices; only rewards cross hosts.
+      rows, host = train_loop.local_completions(completions)
+      rows_examples = [examples[r // group] for r in rows]
+      local_rewards = ctx.score(host.tokens, host.mask, rows_examples)
+      num_rows = len(examples) * group
+      rewards = sharding.gather_rows(rows, local_rewards, num_rows).reshape(len(examples), group)
+      new_tokens = float(sharding.gather_rows(rows, host.lengths, num_rows).sum())
       batch, adv_stats = grpo_train.with_advantages(
         batch, rewards, std=GRPO_ADVANTAGE_STD[cfg.advantage_std]
       )
@@ -122,10 +126,13 @@ def train(
     values["length/mean"] = values.pop("rollout/response_length")
     values.update({f"adv/{k}": float(np.mean(v)) for k, v in jax.device_get(adv_stats).items()})
     values.update({f"grpo/{k}": float(np.mean(v)) for k, v in jax.device_get(update).items()})
-    values["tokens_per_second"] = float(host.lengths.sum()) / max(loop.step_seconds(), 1e-9)
-    std = GRPO_ADVANTAGE_STD[cfg.advantage_std]
-    rows = functools.partial(samples_log.grpo_rows, ctx.tokenizer, examples, host, rewards, std=std)
-    loop.log_samples(step, rows)
+    values["tokens_per_second"] = new_tokens / max(loop.step_seconds(), 1e-9)
+    if jax.process_count() == 1:  # several hosts: `host` holds this host's rows only
+      std = GRPO_ADVANTAGE_STD[cfg.advantage_std]
+      rows = functools.partial(
+        samples_log.grpo_rows, ctx.tokenizer, examples, host, rewards, std=std
+      )
+      loop.log_samples(step, rows)
     loop.end_step(step, state, values, params=state.params)
   finished = loop.close()
   return train_loop.StageResult(state.params, finished)

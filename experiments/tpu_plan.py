@@ -31,7 +31,7 @@ from typing import Any
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel planners share libtpu
 
 from es_jax import memory_plan  # noqa: E402
-from experiments import tpu_programs  # noqa: E402
+from experiments import run_cost, tpu_programs  # noqa: E402
 
 PROGRAMS = memory_plan.METHOD_PROGRAMS
 EXIT_FITS, EXIT_TOO_BIG, EXIT_BAD_INPUT, EXIT_COMPILE_ERROR = 0, 1, 2, 3
@@ -111,6 +111,17 @@ def plan(
   return results
 
 
+def run_plan(config, results, topology: str, mix) -> dict[str, Any]:
+  """`run_cost.plan_run` for the slice `topology` names (chips: devices, halved on v4 where a
+  device is a TensorCore), with its Cloud TPU name ("v6e-8")."""
+  chip = memory_plan.chip_for(topology)
+  devices = len(tpu_programs.topology_devices(topology))
+  chips = devices // 2 if chip.kind == "v4" else devices
+  pop = int(results[0]["settings"]["pop"])
+  plan_ = run_cost.plan_run(config, results, chip, chips=chips, pop=pop, mix=mix)
+  return {**plan_, "slice": run_cost.slice_name(chip.kind, chips)}
+
+
 def exit_code(results: list[dict[str, Any]]) -> int:
   if any(r.get("error") and not r.get("too_big") for r in results):
     return EXIT_COMPILE_ERROR
@@ -128,8 +139,14 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--fit", action="store_true", help="search the largest chunk sizes")
   parser.add_argument("--no_step_cost", action="store_true", help="skip per-step programs")
   parser.add_argument("--json", default="", help="write the results here")
+  parser.add_argument(
+    "--length_mix",
+    default="1:1",
+    help="generated lengths as fraction:probability of the budget (default 1:1, every row to it)",
+  )
   args, overrides = parser.parse_known_args(argv)
   try:
+    mix = run_cost.parse_length_mix(args.length_mix)
     config = tpu_programs.load_config(args.config, overrides)
     results = plan(
       config,
@@ -145,10 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tpu_plan: {e}", file=sys.stderr)
     return EXIT_BAD_INPUT
   print(format_table(results, memory_plan.chip_for(args.topology)))
+  code, out = exit_code(results), list(results)
+  try:
+    run = run_plan(config, results, args.topology, mix)
+  except (ValueError, KeyError) as e:  # a program without its step cost, a method without a plan
+    print(f"no run plan: {e}")
+  else:
+    print(run_cost.format_plan(run, run["slice"]))
+    out.append({"program": "run_plan", **run})
   if args.json:
     with open(args.json, "w") as f:
-      json.dump(results, f, indent=1, default=str)
-  return exit_code(results)
+      json.dump(out, f, indent=1, default=str)
+  return code
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from es_jax import integrity, metrics, preemption
+from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
 from experiments import evaluate, model_io, report, run_context, run_data, samples_log
 from experiments.config_check import ConfigError, check, positive_int
@@ -374,7 +374,9 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
     log.info("final evaluation into %s", eval_dir)
     # The records say which params they score: a run extended to more steps re-evaluates.
     run_info = {"params_digest": integrity.tree_digest(params)}
-    set_aside_stale_evaluation(eval_dir, run_info)
+    if sharding.is_primary():  # several hosts: process 0 writes the workdir, the others read it
+      set_aside_stale_evaluation(eval_dir, run_info)
+    sharding.sync_hosts("es_jax_final_evaluation")
     try:
       ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
     except evaluate.EvaluationStopped:
@@ -384,13 +386,16 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
   if preemption.preempted():
     return evaluate.stopped_result("checkpoint and evaluation saved")
   if ctx.config.export_hf:
-    results["hf"] = model_io.export_hf(
-      params, ctx.model_config, ctx.tokenizer, os.path.join(ctx.workdir, "hf")
-    )
-    log.info("exported the final model (HF format) to %s", results["hf"])
-  results["plots"] = train_metrics_plots(ctx.workdir, ctx.config)
-  (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
-  log.info("done: %s", ctx.workdir)
+    results["hf"] = os.path.join(ctx.workdir, "hf")
+    params = sharding.fetch(params)  # several hosts: the whole model on process 0
+    if sharding.is_primary():
+      model_io.export_hf(params, ctx.model_config, ctx.tokenizer, results["hf"])
+      log.info("exported the final model (HF format) to %s", results["hf"])
+  if sharding.is_primary():
+    results["plots"] = train_metrics_plots(ctx.workdir, ctx.config)
+    (epath.Path(ctx.workdir) / "DONE").write_text("finished\n")
+    log.info("done: %s", ctx.workdir)
+  sharding.sync_hosts("es_jax_done")  # no host leaves before the run's files are written
   return results
 
 
@@ -405,5 +410,8 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
     return finish(ctx, result.params, stopped=not result.finished)
 
 
-def to_host(tree):
-  return jax.tree.map(np.asarray, tree)
+def local_completions(completions):
+  """(row indices, the rows this process holds) of completions split over 'pop' (all of them,
+  in order, on one host): what this host decodes and scores."""
+  rows = sharding.local_rows(completions.tokens)[0]
+  return rows, type(completions)(*(sharding.local_rows(x)[1] for x in completions))

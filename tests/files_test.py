@@ -151,3 +151,46 @@ def test_eval_of_a_file_task_reads_eval_path_and_scores_with_data_reward(tmp_pat
   assert section["path"] == train and label == "file_train"  # the training file, with a warning
   with pytest.raises(config_check.ConfigError, match=r"config\.data\.path: .*nope\.jsonl"):
     run_data.load_examples({"task": "file", "path": str(tmp_path / "nope.jsonl")}, "data")
+
+
+def _save_to_disk_layout(directory, rows, chunks=2):
+  """A split directory as `datasets.Dataset.save_to_disk` writes it: Arrow IPC streams listed
+  in state.json (the `datasets` package is not installed here; pyarrow writes the same files)."""
+  import pyarrow as pa
+
+  directory.mkdir()
+  names = []
+  for c in range(chunks):
+    part = rows[c::chunks]
+    name = f"data-{c:05d}-of-{chunks:05d}.arrow"
+    table = pa.Table.from_pylist(part)
+    with pa.OSFile(str(directory / name), "wb") as sink:
+      with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    names.append(name)
+  (directory / "dataset_info.json").write_text("{}")
+  state = {"_data_files": [{"filename": n} for n in names], "_split": "train"}
+  (directory / "state.json").write_text(json.dumps(state))
+  return str(directory)
+
+
+def test_a_saved_datasets_split_directory_is_a_file_task(tmp_path):
+  rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(5)]
+  path = _save_to_disk_layout(tmp_path / "train", rows)
+  examples = load_file_task(path, reward="gsm8k")
+  # Rows in file order (the chunks in state.json's order), numbered across the chunks.
+  assert [examples[i]["answer"] for i in range(5)] == ["1", "3", "5", "2", "4"]
+  assert examples[0]["id"] == "train:1" and examples[4]["id"] == "train:5"
+  assert len(examples.source["sha256"]) == 64
+  # A DatasetDict directory names its splits; a plain directory is refused.
+  (tmp_path / "dict").mkdir()
+  (tmp_path / "dict" / "dataset_dict.json").write_text('{"splits": ["train"]}')
+  _save_to_disk_layout(tmp_path / "dict" / "train", rows)
+  with pytest.raises(ValueError, match=r"several splits \['train'\]: point the path at one"):
+    load_file_task(str(tmp_path / "dict"), reward="gsm8k")
+  (tmp_path / "plain").mkdir()
+  with pytest.raises(ValueError, match="without state.json"):
+    load_file_task(str(tmp_path / "plain"), reward="gsm8k")
+  bad = [{"question": "q", "answer": None}]
+  with pytest.raises(BadRowError, match=r"row 1.*answer"):
+    load_file_task(_save_to_disk_layout(tmp_path / "bad", bad, chunks=1), reward="gsm8k")

@@ -363,3 +363,23 @@ def test_grpo_step_model_sharded_equals_one_device():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   for k in m_single:
     np.testing.assert_allclose(m_single[k], m_sharded[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_explicit_launch_reads_process_count_and_id():
+  env = {"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+  assert sharding.explicit_launch(env) == {"num_processes": 2, "process_id": 1}
+  assert sharding.explicit_launch({}) == {}
+  with pytest.raises(ValueError, match="JAX_PROCESS_ID='one'"):
+    sharding.explicit_launch({"JAX_PROCESS_ID": "one"})
+
+
+def test_gather_rows_orders_rows_and_names_missing_ones():
+  values = np.arange(6, dtype=np.float32).reshape(3, 2)
+  out = sharding.gather_rows(np.array([2, 0, 1]), values, 3)
+  np.testing.assert_array_equal(out, values[[1, 2, 0]])
+  with pytest.raises(ValueError, match=r"rows \[3\] of 4 are missing"):
+    sharding.gather_rows(np.array([2, 0, 1]), values, 4)
+  assert sharding.is_primary()
+  sharding.sync_hosts("one host: no barrier")
+  tree = {"a": values}
+  assert sharding.fetch(tree) is tree

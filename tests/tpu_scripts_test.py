@@ -23,6 +23,13 @@ SCRIPTS = sorted(p.name for p in SCRIPTS_DIR.glob("*.sh") if os.access(p, os.X_O
 
 GCLOUD_STUB = r"""#!/usr/bin/env bash
 printf '%q ' "$@" >> "$STUB_DIR/gcloud.log"; echo >> "$STUB_DIR/gcloud.log"
+if [[ "$4" == describe ]]; then
+  echo "WARNING: a gcloud notice on stderr" >&2
+  [[ -n "${STUB_STATE:-}" ]] && echo "$STUB_STATE" && exit 0
+  echo "ERROR: (gcloud.compute.tpus.tpu-vm.describe) ${STUB_ERROR:-NOT_FOUND: not found}" >&2
+  exit 1
+fi
+if [[ "$4" == ssh && -n "${STUB_NO_EXEC:-}" ]]; then echo "${STUB_SSH_REPLY:-}"; fi
 if [[ "$4" == ssh && -z "${STUB_NO_EXEC:-}" ]]; then
   while (($#)); do
     if [[ "$1" == --command ]]; then cd "$HOME" && exec bash -c "$2"; fi
@@ -41,6 +48,7 @@ TRICKY = [  # overrides the remote shells must not touch
   '--config.notes=a "quoted" $HOME `id`; echo x * & | > <',
   "--config.tabs=a\tb\nc",
 ]
+HARD = "experiments/configs/deepscaler_hard.py"
 
 
 def _write_exe(path: Path, text: str) -> None:
@@ -60,7 +68,8 @@ def env(tmp_path):
   (repo / "experiments" / "configs").mkdir(parents=True)
   (repo / "experiments" / "configs" / "deepscaler_hard.py").write_text("")
   (repo / "experiments" / "tpu_plan.py").write_text("")  # the planner itself is the stub
-  e = {k: v for k, v in os.environ.items() if k not in ("ZONE", "RUNTIME", "PROJECT", "TOPOLOGY")}
+  drop = ("ZONE", "RUNTIME", "PROJECT", "TOPOLOGY", "CREATE_FLAGS")
+  e = {k: v for k, v in os.environ.items() if k not in drop}
   e.update(
     PATH=f"{stubs}:{e['PATH']}",
     HOME=str(home),
@@ -154,6 +163,11 @@ def test_missing_args_print_usage(env, script):
 def test_dry_run_prints_commands_only(env, script, args, expect):
   r = _run(env, script, "--dry-run", *args, repo=True, check=0)
   assert expect in r.stdout.replace("\\ ", " "), r.stdout
+  # The action only: the helper library the workers get is named, its function bodies are not.
+  for body in ("run_pid() {", "declare -A newest", "commit_success.txt"):
+    assert body not in r.stdout, r.stdout
+  if "tpu-vm ssh" in r.stdout:
+    assert '--command "$(cat ' in r.stdout and 'remote_lib.sh)"' in r.stdout
   assert _gcloud_calls(env) == [] and not (env["tmp"] / "out").exists()
   assert not list(env["stubs"].glob("*.argv"))  # the planner did not run either
 
@@ -224,6 +238,7 @@ def test_launch_without_planner_needs_skip_plan(env):
     (["--dryrun"], "unknown option: --dryrun"),
     (["--config.model.path=/no/such/model"], "not launched"),
     (["--config.model.path=~/qwen"], "give an absolute path"),
+    (["--config.data.source_dir=gs://b/gsm8k"], "loaders read local directories only"),
   ],
 )
 def test_launch_refuses_bad_input_before_starting(env, args, message):
@@ -269,3 +284,62 @@ def test_stop_and_status(env):
   finally:
     fake.kill()
   assert "not running" in _run(env, "status.sh", check=0).stdout
+
+
+def test_resume_dry_run_prints_the_recreate_path(env):
+  args = ["--stage", "gs://b/qwen", "/data/qwen", HARD, "gs://b/run", "--config.method=es"]
+  r = _run(env, "resume.sh", "--dry-run", *args, repo=True, check=0)
+  lines = [x.replace("\\ ", " ") for x in r.stdout.splitlines()]
+  order = [
+    "tpu-vm describe t1",
+    "tpu-vm create t1",
+    "tpu-vm scp",
+    "pip install",
+    "rsync -r gs://b/qwen",
+  ]
+  order += ["experiments.tpu_plan", "'preflight es_jax'", "experiments.main"]
+  found = [next(i for i, x in enumerate(lines) if o in x) for o in order]
+  assert found == sorted(found), r.stdout
+  assert "--spot" in lines[found[1]] and "run_pid() {" not in r.stdout
+  assert "gs://b/run --config.method=es" in lines[-1]
+  assert _gcloud_calls(env) == [] and not list(env["stubs"].glob("*.argv"))
+
+
+@pytest.mark.parametrize(
+  "state,subcommands",
+  [
+    ("READY", ["describe", "ssh", "ssh"]),
+    ("", ["describe", "create", "scp", "ssh", "ssh", "ssh", "ssh", "ssh"]),
+    ("PREEMPTED", ["describe", "delete", "create", "scp", "ssh", "ssh", "ssh", "ssh", "ssh"]),
+  ],
+)
+def test_resume_recreates_only_a_vm_that_is_gone(env, state, subcommands):
+  env["env"].update(STUB_STATE=state, STUB_NO_EXEC="1", STUB_SSH_REPLY="w0: ready")
+  args = ["--stage", "gs://b/qwen", "/data/qwen", "--skip-plan", HARD, "gs://b/run"]
+  r = _run(env, "resume.sh", *args, repo=True, check=0)
+  calls = _gcloud_calls(env)
+  assert [c.split()[3] for c in calls] == subcommands, calls
+  assert f"t1 in us-west4-a: {state or 'gone'}" in r.stderr
+  assert "experiments.main" in calls[-1] and "gs://b/run" in calls[-1]
+  if state != "READY":
+    assert "--spot" in calls[subcommands.index("create")]
+    assert "rsync -r gs://b/qwen /data/qwen" in calls[-3].replace("\\ ", " ")
+
+
+@pytest.mark.parametrize(
+  "state,error,message",
+  [
+    ("CREATING", "", "is CREATING: wait"),
+    ("STOPPED", "", "start it"),
+    (
+      "",
+      "PERMISSION_DENIED: no",
+      "cannot ask the state of t1: WARNING: a gcloud notice on stderr\nERROR: (gcloud",
+    ),
+  ],
+)
+def test_resume_leaves_other_states_alone(env, state, error, message):
+  env["env"].update(STUB_STATE=state, STUB_ERROR=error, STUB_NO_EXEC="1")
+  r = _run(env, "resume.sh", "--skip-plan", HARD, "gs://b/run", repo=True, check=2)
+  assert message in r.stderr, r.stderr
+  assert [c.split()[3] for c in _gcloud_calls(env)] == ["describe"]

@@ -98,6 +98,12 @@ quoted() {  # quoted ARGS...: one line, each argument shell-quoted (bash reads b
   echo "${line% }"
 }
 
+# single_quoted TEXT: TEXT in single quotes (`quoted` when it spans lines), read back by bash.
+single_quoted() {
+  local q="'\\''"
+  if [[ "$1" == *$'\n'* ]]; then quoted "$1"; else echo "'${1//\'/$q}'"; fi
+}
+
 # run CMD...: runs CMD, or under --dry-run prints it as one shell-quoted line on stdout instead.
 run() {
   if ((DRY_RUN)); then quoted "$@"; else "$@"; fi
@@ -117,9 +123,19 @@ tpu_gcloud() {
 }
 
 # tpu_ssh WORKER COMMAND: runs COMMAND (a bash script, the remote library defined first) on
-# WORKER ("all" or an index) of $TPU_NAME.
+# WORKER ("all" or an index) of $TPU_NAME. --dry-run prints the gcloud line with COMMAND but
+# not the library's text: `"$(cat .../remote_lib.sh)"` stands for it (bash runs the line as is).
 tpu_ssh() {
-  local lib
+  local lib flags
+  if ((DRY_RUN)); then
+    check_settings
+    mapfile -t flags < <(where)
+    # shellcheck disable=SC2016  # the $(cat ...) is printed for the reader's bash
+    printf '%s --command "$(cat %s)"%s%s\n' \
+      "$(quoted gcloud compute tpus tpu-vm ssh "$TPU_NAME" --worker="$1" "${flags[@]}")" \
+      "$(quoted "$here/remote_lib.sh")" "\$'\\n'" "$(single_quoted "$2")"
+    return 0
+  fi
   lib="$(sed -e '/^[[:space:]]*#/d' -e '/^$/d' "$here/remote_lib.sh")"  # comments stay here
   tpu_gcloud ssh "$TPU_NAME" --worker="$1" --command "$lib"$'\n'"$2"
 }

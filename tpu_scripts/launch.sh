@@ -17,7 +17,8 @@ Before launching:
      does not fit in HBM) stops the launch. --skip-plan skips it.
   2. every worker is checked: installed (install.sh), no run alive, and each local path given
      as --config.model.path / data.source_dir / eval.source_dir / data.data_dir exists there
-     (data and model must sit at the same path on every worker, or on gs://).
+     (data and model must sit at the same local path on every worker: stage_data.sh; the
+     loaders do not read gs://, so a gs:// value there is refused).
 
 WORKDIR should be gs://: every host must see the same checkpoints and results.
 
@@ -79,6 +80,8 @@ for o in "${overrides[@]}"; do
       value="${o#*=}"
       case "$value" in
         "~"*) die "$o: ~ is not expanded inside an override; give an absolute path" ;;
+        gs://*) die "$o: the model and dataset loaders read local directories only; copy it to \
+the workers with stage_data.sh and give that path" ;;
         /* | ./* | ../*) paths+=("$value") ;;
       esac
       ;;

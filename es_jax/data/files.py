@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from es_jax.data import prompts
-from es_jax.data.readers import BadRowError, FieldError, read_rows
+from es_jax.data.readers import BadRowError, FieldError, arrow_dataset_files, read_rows
 
 log = logging.getLogger(__name__)
 FILE_TASK = "file"
@@ -101,10 +101,13 @@ def file_example(
 
 
 def _sha256(path: str) -> str:
+  """Of the file, or of a saved `datasets` split's Arrow files in order."""
   digest = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      digest.update(block)
+  files = arrow_dataset_files(Path(path)) if os.path.isdir(path) else [Path(path)]
+  for file in files:
+    with open(file, "rb") as f:
+      for block in iter(lambda f=f: f.read(1 << 20), b""):
+        digest.update(block)
   return digest.hexdigest()
 
 
@@ -121,7 +124,8 @@ def load_file_task(
   """The examples of a question/answer file (module docstring), in file order.
 
   Args:
-    path: a .jsonl, .json, .csv or .parquet file.
+    path: a .jsonl, .json, .csv or .parquet file, or a directory that Hugging Face `datasets`
+      wrote with `save_to_disk` (one split; read with pyarrow).
     question_field, answer_field: the names of the question and answer fields in the file.
     prompt_template: "" for the model's chat template with the reward's system prompt and
       answer-format instruction; else a format string over the row's fields, e.g.
@@ -143,8 +147,11 @@ def load_file_task(
 
   if on_bad_row not in ("raise", "skip"):
     raise ValueError(f"load_file_task: on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: no such data file (a .jsonl, .json, .csv or .parquet file).")
+  if not (os.path.isfile(path) or os.path.isdir(path)):
+    raise FileNotFoundError(
+      f"{path}: no such data file (a .jsonl, .json, .csv or .parquet file, or a saved `datasets` "
+      "split directory)."
+    )
   if prompt_template:
     template_fields(prompt_template)  # a broken template fails once, before any row
   unit, rows = read_rows(Path(path))

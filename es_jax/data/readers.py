@@ -254,8 +254,46 @@ def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
       yield row_number, _check_row(row)
 
 
+def arrow_dataset_files(path: Path) -> list[Path]:
+  """The Arrow files of a directory written by Hugging Face `datasets`' `save_to_disk` (one
+  split: `state.json` lists its `_data_files`), in order; ValueError for a DatasetDict directory
+  (`dataset_dict.json`: name one split's subdirectory) or a directory of neither kind."""
+  path = Path(path)
+  if (path / "dataset_dict.json").exists():
+    splits = sorted(p.name for p in path.iterdir() if (p / "state.json").exists())
+    raise ValueError(f"{path} holds several splits {splits}: point the path at one of them.")
+  state = path / "state.json"
+  if not state.exists():
+    raise ValueError(f"{path}: a directory without state.json is not a saved `datasets` split.")
+  with open(state) as f:
+    names = [d["filename"] for d in json.load(f).get("_data_files", [])]
+  if not names:
+    raise ValueError(f"{state}: no _data_files listed.")
+  return [path / n for n in names]
+
+
+def read_arrow_dataset(path: Path) -> Iterator[tuple[int, Any]]:
+  """Yields `(row number, row)` for each row of a saved `datasets` split (Arrow streams, read
+  with pyarrow; the `datasets` package itself is not needed)."""
+  try:
+    import pyarrow as pa
+  except ImportError:
+    raise ValueError(f"Reading {path} needs pyarrow (pip install pyarrow).") from None
+  row_number = 0
+  for file in arrow_dataset_files(path):
+    with pa.memory_map(str(file)) as source:
+      for batch in pa.ipc.open_stream(source):
+        for row in batch.to_pylist():
+          row_number += 1
+          yield row_number, _check_row(row)
+
+
 def read_rows(path: Path) -> tuple[str, Iterator[tuple[int, Any]]]:
-  """Picks the reader by file suffix; returns `(unit, rows)` with unit "line" or "row"."""
+  """Picks the reader by file suffix (a directory: a saved `datasets` split); returns
+  `(unit, rows)` with unit "line" or "row"."""
+  if Path(path).is_dir():
+    arrow_dataset_files(path)  # a bad directory fails here, before any row
+    return "row", read_arrow_dataset(path)
   suffix = Path(path).suffix
   if suffix == ".jsonl":
     return "line", read_jsonl(path)

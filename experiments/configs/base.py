@@ -77,7 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
     source="default", path="", base_source="default", base_path="", preset="", dtype=""
   )
   # task: a dataset of es_jax.data.TASKS, "reasoning_gym/<task>", or "file": your own
-  # question/answer file `path` (.jsonl, .json, .csv, .parquet; es_jax.data.files) whose fields
+  # question/answer file `path` (.jsonl, .json, .csv, .parquet, or a `datasets` save_to_disk
+  # split directory; es_jax.data.files) whose fields
   # `question_field` / `answer_field` hold question and gold answer, with `reward` a reward name
   # or "module:function" / "file.py:function" (completion: str, example: dict) -> float.
   c.data = dict(

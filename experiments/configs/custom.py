@@ -6,14 +6,15 @@
 
 Required: `model.path` (a local HF directory: config.json, *.safetensors, tokenizer files; for a
 GGUF file also --config.model.source=gguf) and `data.path` (a .jsonl / .json / .csv / .parquet
-file of {"question": ..., "answer": ...} rows; other field names with data.question_field and
-data.answer_field). A missing one is a one-line error. The reward is exact match of the
-<answer></answer> text (`qa`); pick another with --config.data.reward=math|gsm8k|choice|code or
-your function, --config.data.reward=my_reward.py:score, `score(completion: str, example: dict) ->
-float` (maximised; a sample is correct in evaluation when it scores >= 1). The prompt is the
-model's chat template with the reward's answer format; --config.data.prompt_template="Q:
-{question}\\nA:" feeds a plain template instead. Evaluation reads --config.eval.path (default: the
-training file itself, with a warning). docs/usage.md has a worked example.
+file, or a `datasets` save_to_disk split directory, of {"question": ..., "answer": ...} rows; other
+field names with data.question_field and data.answer_field). A missing one is a one-line error. The
+reward is exact match of the <answer></answer> text (`qa`); pick another with
+--config.data.reward=math|gsm8k|choice|code or your function,
+--config.data.reward=my_reward.py:score, `score(completion: str, example: dict) -> float`
+(maximised; a sample is correct in evaluation when it scores >= 1). The prompt is the model's chat
+template with the reward's answer format; --config.data.prompt_template="Q: {question}\\nA:" feeds
+a plain template instead. Evaluation reads --config.eval.path (default: the training file itself,
+with a warning). docs/usage.md has a worked example.
 
 Settings: the paper's (docs/method.md §10): ES N = 32, σ = 1.5e-3, α = 2.5e-4, greedy fitness;
 GRPO G = 8, lr 1e-6, β = 0.001, ε = 0.2, temperature 1.0; 64 prompts per step; evaluation n = 32
