@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from es_jax import member_axes as axes_lib
 from es_jax import token_sampling
-from es_jax.models.attention import init_cache, take_rows, unstack_cache
+from es_jax.models.attention import init_cache, take_group_rows, take_rows, unstack_cache
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import cast_params, forward, unstack_layers
 
@@ -90,6 +90,7 @@ def cache_length(prompt_len: int, max_new_tokens: int, kv_chunk: int | None) -> 
     "member_axes",
     "kv_chunk",
     "compactions",
+    "row_groups",
   ),
 )
 def decode(
@@ -112,6 +113,7 @@ def decode(
   member_axes=None,
   kv_chunk: int | None = None,
   compactions: int = 0,
+  row_groups: int = 1,
 ):
   """The decode loop of `generate` and, with `member_axes`, of `generate_members`.
 
@@ -120,11 +122,13 @@ def decode(
   the M * P rows as one batch (one unbatched while loop: a vmapped loop would carry a per-row
   predicate and select the whole KV cache every step); only the model call is vmapped over
   the members. `kv_chunk` and `compactions`: see the module docstring (None and 0: every step
-  reads the whole cache for every row until the longest row ends).
+  reads the whole cache for every row until the longest row ends). `row_groups` (plain mode):
+  rows are compacted within contiguous groups of B / row_groups rows, e.g. one per device the
+  batch is sharded over, so that compaction moves no row between devices.
   """
   params = cast_params(params, config.jnp_dtype)  # one cast before the loop, not one per step
   member_mode = member_axes is not None
-  M = prompt_ids.shape[0] if member_mode else 1
+  M = prompt_ids.shape[0] if member_mode else row_groups  # groups rows are compacted within
   prompt_ids, prompt_mask = (x.reshape(-1, x.shape[-1]) for x in (prompt_ids, prompt_mask))
   B, S = prompt_ids.shape
   P = B // M
@@ -155,7 +159,7 @@ def decode(
     if member_mode:
       u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (P,)))(key)
     else:
-      u = jax.random.uniform(jax.random.fold_in(key, t), (P,))[None]
+      u = jax.random.uniform(jax.random.fold_in(key, t), (M * P,)).reshape(M, P)
     return sample(logits, jnp.take_along_axis(u, row, axis=1).reshape(-1))
 
   emit = functools.partial(
@@ -292,14 +296,17 @@ def _running(max_new_tokens: int, members: int, later: tuple[int, ...]):
   return cond
 
 
-def _compact(state: _Rows, members: int, size: int, member_mode: bool) -> _Rows:
-  """The state with each member's rows cut to `size`: its unfinished rows first (in order), then
-  finished ones. The dropped rows are all finished (the previous phase ran until they were)."""
-  done = state.done.reshape(members, -1)
-  keep = jnp.argsort(done.astype(jnp.int32), axis=1, stable=True)[:, :size]  # [M, size]
-  flat = (jnp.arange(members)[:, None] * done.shape[1] + keep).reshape(-1)
-  cache = jax.vmap(take_rows)(state.cache, keep) if member_mode else take_rows(state.cache, flat)
-  take = lambda x: jnp.take(x, flat, axis=0)  # noqa: E731
+def _compact(state: _Rows, groups: int, size: int, member_mode: bool) -> _Rows:
+  """The state with each group's (member's) rows cut to `size`: its unfinished rows first (in
+  order), then finished ones. The dropped rows are all finished (the previous phase ran until
+  they were). Rows move only within their group (a batched gather over the groups)."""
+  done = state.done.reshape(groups, -1)
+  keep = jnp.argsort(done.astype(jnp.int32), axis=1, stable=True)[:, :size]  # [G, size]
+  take = lambda x: jnp.take_along_axis(x.reshape(groups, -1), keep, axis=1).reshape(-1)  # noqa: E731
+  if member_mode:
+    cache = jax.vmap(take_rows)(state.cache, keep)
+  else:
+    cache = take_group_rows(state.cache, keep)
   return state._replace(
     cache=cache,
     tok=take(state.tok),

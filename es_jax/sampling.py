@@ -235,7 +235,8 @@ def generate(
       allocated cache every step (the static decode). Static.
     compactions: how many times the batch may halve as rows end (finished rows leave the
       batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
-      its longest row ends. Static. Neither changes which tokens a row draws.
+      its longest row ends. Static. Neither changes which tokens a row draws. A batch sharded
+      over devices is compacted within each device's rows.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].
@@ -254,9 +255,20 @@ def generate(
     prompt_mask,
     key,
     config=config,
+    row_groups=_row_shards(prompt_ids),
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
     **_loop_options(kv_chunk, compactions),
   )
+
+
+def _row_shards(prompt_ids) -> int:
+  """How many shards the batch axis of `prompt_ids` is split into (1 when it is not, or is
+  traced): finished rows are then compacted within each shard, never moved between devices."""
+  try:
+    rows_per_shard = prompt_ids.sharding.shard_shape(prompt_ids.shape)[0]
+  except (AttributeError, TypeError, ValueError):
+    return 1
+  return max(prompt_ids.shape[0] // max(rows_per_shard, 1), 1)
 
 
 def _loop_options(kv_chunk, compactions) -> dict:

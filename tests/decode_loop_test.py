@@ -2,14 +2,17 @@
 tokens do not depend on what else is in its batch."""
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import torch_model
 
 from es_jax import decode_loop
+from es_jax.decode_loop import decode
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import generate, generate_members, pad_prompts
 
@@ -146,3 +149,29 @@ def test_finished_rows_leave_the_batch(tiny, monkeypatch):
     unfinished = int((lengths > step).sum())  # rows that still emit at step `step`
     assert rows == min(s for s in sizes if s >= unfinished), (step, rows_per_step, lengths)
   assert min(rows_per_step) < len(PROMPTS)
+
+
+def test_sharded_rows_compact_on_their_devices(tiny):
+  """A batch sharded over 8 devices is compacted within each device's rows: the same tokens as
+  on one device, and no collective moves cache-sized (4-d or larger) arrays between devices."""
+  p, cfg = tiny
+  prompts = PROMPTS + [[3, 1], [8, 8, 8], [100, 2], [77], [12, 13, 14], [250], [6, 6], [4, 40]]
+  ids, mask = pad_prompts(prompts, pad_id=0, bucket=8)  # 14 rows: pad to 16 = 8 devices x 2
+  ids, mask = np.concatenate([ids, ids[:2]]), np.concatenate([mask, mask[:2]])
+  mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
+  rows = NamedSharding(mesh, PartitionSpec("pop"))
+  kw = dict(config=cfg, key=jax.random.key(6), max_new_tokens=12, temperature=1.0, pad_id=1)
+  free = generate(p, ids, mask, **kw, **STATIC)
+  kw["eos_ids"] = tuple(int(t) for t in np.asarray(free.tokens)[::2, 1])  # half the rows end
+  single = generate(p, ids, mask, **kw, **STATIC)
+  assert np.asarray(single.lengths).min() <= 2
+  sharded_ids, sharded_mask = jax.device_put(ids, rows), jax.device_put(mask, rows)
+  sharded = generate(p, sharded_ids, sharded_mask, **kw, kv_chunk=4, compactions=1)
+  np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
+  opts = dict(
+    config=cfg, temperature=1.0, top_p=1.0, max_new_tokens=12, eos_ids=kw["eos_ids"], pad_id=1,
+    use_top_p=False, greedy=False, unroll_layers=True, kv_chunk=4, compactions=1, row_groups=8,
+  )  # fmt: skip
+  hlo = decode.lower(p, None, None, sharded_ids, sharded_mask, kw["key"], **opts).compile()
+  moved = re.findall(r"\[\d+,\d+,\d+,\d+[^\]]*\][^\n]*? (?:all-reduce|all-gather)", hlo.as_text())
+  assert not moved, moved[:3]

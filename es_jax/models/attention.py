@@ -71,6 +71,26 @@ def take_rows(cache: KVCache, rows: jax.Array) -> KVCache:
   return KVCache(take(cache.k), take(cache.v), jnp.take(cache.mask, rows, axis=0))
 
 
+def take_group_rows(cache: KVCache, keep: jax.Array) -> KVCache:
+  """`take_rows` within G contiguous groups of batch rows: keep [G, B'] indexes rows of each
+  group of B / G rows; the result has G * B' rows, group-major. A gather batched over the groups,
+  so a batch sharded by groups stays on its devices."""
+  G = keep.shape[0]
+
+  def take(x, axis):
+    grouped = x.reshape(*x.shape[:axis], G, -1, *x.shape[axis + 1 :])
+    out = jax.vmap(lambda y, k: jnp.take(y, k, axis=axis), in_axes=(axis, 0), out_axes=axis)(
+      grouped, keep
+    )
+    return out.reshape(*x.shape[:axis], -1, *x.shape[axis + 1 :])
+
+  if isinstance(cache.k, tuple):
+    k, v = tuple(take(x, 0) for x in cache.k), tuple(take(x, 0) for x in cache.v)
+  else:
+    k, v = take(cache.k, 1), take(cache.v, 1)
+  return KVCache(k, v, take(cache.mask, 0))
+
+
 def self_attention(q, k, v, allowed):
   """Grouped-query attention over this block's own keys. q [B,S,H,E]; k, v [B,S,K,E];
   allowed [B,S,S] bool."""
