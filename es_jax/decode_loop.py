@@ -16,7 +16,13 @@ Every row keeps its identity through the compactions: its outputs land in its or
 its draws are its original row's, ``u = uniform(fold_in(key, t), (P,))[row]`` at step t (per
 member key in member mode), exactly the static loop's. With JAX's partitionable threefry (the
 default), element ``row`` of that draw does not depend on P, so a row's tokens are a function of
-(key, row index, prompt, model) whatever else is in the batch.
+(key, row index, prompt, model) whatever else is in the batch, up to the float rounding of its
+logits: XLA:CPU's matmuls may round a row differently in a batch of another size, and the chunked
+softmax sums in another order than the dense one. That moves a sampled token only where the
+row's uniform falls within rounding of a token boundary (or a greedy near-tie), after which the
+row continues differently: on SmolLM2-135M, 1 row of 16 after 223 sampled tokens with
+compaction alone and 8 of 16 within 256 with chunked reads (docs/benchmarks.md); on the tiny
+test models, none.
 """
 
 from __future__ import annotations
@@ -137,34 +143,16 @@ def decode(
   if member_mode:
     axes = tuple(treedef.unflatten(leaves) for leaves, treedef in member_axes)
   model = _model_call(config, M if member_mode else None, delta_scale, chunk)
+  weights = (params, deltas, axes)
+  members = M if member_mode else None
+  prompts = (prompt_ids, prompt_mask)
   logits, (params, deltas, axes), cache = _prefill(
-    model,
-    (params, deltas, axes),
-    prompt_ids,
-    prompt_mask,
-    config,
-    M if member_mode else None,
-    slots,
-    unroll_layers,
+    model, weights, *prompts, config, members, slots, unroll_layers
   )
-  sample = functools.partial(
-    token_sampling.sample_from_uniform, temperature=temperature, top_p=top_p, use_top_p=use_top_p
-  )
-
-  def pick(t, logits, row):
-    """Step t's tokens from logits [B', V]; row r of member m draws uniform(fold_in(key_m, t),
-    (P,))[r]: the static loop's draw for that row."""
-    if greedy:
-      return token_sampling.argmax(logits)
-    if member_mode:
-      u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (P,)))(key)
-    else:
-      u = jax.random.uniform(jax.random.fold_in(key, t), (M * P,)).reshape(M, P)
-    return sample(logits, jnp.take_along_axis(u, row, axis=1).reshape(-1))
-
-  emit = functools.partial(
-    _emit, pick=pick, eos=jnp.asarray(eos_ids or (-1,), jnp.int32), pad_id=pad_id, members=M, rows=P
-  )
+  draw = dict(temperature=temperature, top_p=top_p, use_top_p=use_top_p)
+  sample = functools.partial(_pick, key=key, rows=P, member_mode=member_mode, greedy=greedy, **draw)
+  eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
+  emit = functools.partial(_emit, pick=sample, eos=eos, pad_id=pad_id, rows=P)
 
   def body(state: _Rows) -> _Rows:
     # Feed step t-1's tokens, then emit step t's: max_new_tokens - 1 forwards after the prefill.
@@ -173,17 +161,7 @@ def decode(
     logits, cache = model(params, deltas, axes, tok, positions, live, state.cache, S + t - 1)
     return emit(state._replace(cache=cache), logits)
 
-  state = _Rows(
-    t=jnp.int32(0),
-    cache=cache,
-    tok=jnp.zeros((B,), jnp.int32),
-    live=jnp.zeros((B,), bool),
-    done=jnp.zeros((B,), bool),
-    row=jnp.broadcast_to(jnp.arange(P, dtype=jnp.int32), (M, P)),
-    prompt_len=jnp.sum(prompt_mask, axis=-1).astype(jnp.int32),
-    out=_empty(B, max_new_tokens, pad_id),
-  )
-  state = emit(state, logits)
+  state = emit(_start(cache, prompt_mask, M, max_new_tokens, pad_id), logits)
   sizes = phase_sizes(P, compactions)
   for k, size in enumerate(sizes):
     if k:
@@ -254,7 +232,22 @@ def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, un
   return logits, (params, deltas, axes), cache
 
 
-def _emit(state: _Rows, logits, *, pick, eos, pad_id: int, members: int, rows: int) -> _Rows:
+def _pick(t, logits, row, *, key, rows, member_mode, greedy, temperature, top_p, use_top_p):
+  """Step t's tokens from logits [B', V]. Row r of group (member) m draws
+  ``uniform(fold_in(key_m, t), (P,))[r]``, with one key for all groups outside member mode
+  (``uniform(fold_in(key, t), (M * P,))`` split by group): the static loop's draw for the row."""
+  if greedy:
+    return token_sampling.argmax(logits)
+  groups = row.shape[0]  # row [M, P'] holds original rows of P per group
+  if member_mode:
+    u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (rows,)))(key)
+  else:
+    u = jax.random.uniform(jax.random.fold_in(key, t), (groups * rows,)).reshape(groups, rows)
+  u = jnp.take_along_axis(u, row, axis=1).reshape(-1)
+  return token_sampling.sample_from_uniform(logits, u, temperature, top_p, use_top_p=use_top_p)
+
+
+def _emit(state: _Rows, logits, *, pick, eos, pad_id: int, rows: int) -> _Rows:
   """Picks step t's tokens from logits [B', 1, V] and records them in their original rows."""
   logits = logits[:, -1]  # [B', V]
   t, out = state.t, state.out
@@ -262,7 +255,7 @@ def _emit(state: _Rows, logits, *, pick, eos, pad_id: int, members: int, rows: i
   logp, ent = token_sampling.logprob_and_entropy(logits, tok)
   live = ~state.done
   tok = jnp.where(live, tok, pad_id)
-  at = (jnp.arange(members)[:, None] * rows + state.row).reshape(-1)  # [B'] original rows
+  at = (jnp.arange(state.row.shape[0])[:, None] * rows + state.row).reshape(-1)  # [B'] original
   out = Completions(
     tokens=out.tokens.at[at, t].set(tok),
     logprobs=out.logprobs.at[at, t].set(jnp.where(live, logp, 0.0)),
@@ -272,6 +265,21 @@ def _emit(state: _Rows, logits, *, pick, eos, pad_id: int, members: int, rows: i
   )
   done = state.done | jnp.isin(tok, eos)
   return state._replace(t=t + 1, tok=tok, live=live, done=done, out=out)
+
+
+def _start(cache, prompt_mask, groups: int, max_new_tokens: int, pad_id: int) -> _Rows:
+  """The loop state before step 0: every row live, in its own place."""
+  B = prompt_mask.shape[0]
+  return _Rows(
+    t=jnp.int32(0),
+    cache=cache,
+    tok=jnp.zeros((B,), jnp.int32),
+    live=jnp.zeros((B,), bool),
+    done=jnp.zeros((B,), bool),
+    row=jnp.broadcast_to(jnp.arange(B // groups, dtype=jnp.int32), (groups, B // groups)),
+    prompt_len=jnp.sum(prompt_mask, axis=-1).astype(jnp.int32),
+    out=_empty(B, max_new_tokens, pad_id),
+  )
 
 
 def _empty(rows: int, max_new_tokens: int, pad_id: int) -> Completions:

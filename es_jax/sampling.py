@@ -235,8 +235,10 @@ def generate(
       allocated cache every step (the static decode). Static.
     compactions: how many times the batch may halve as rows end (finished rows leave the
       batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
-      its longest row ends. Static. Neither changes which tokens a row draws. A batch sharded
-      over devices is compacted within each device's rows.
+      its longest row ends. Static. Neither changes a row's draws; both change the float
+      rounding of its logits, so a sampled token at a rounding boundary can differ from the
+      static loop's (`es_jax.decode_loop`). A batch sharded over devices is compacted within
+      each device's rows.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].

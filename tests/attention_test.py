@@ -41,6 +41,9 @@ def test_blocked_equals_dense_attention(key, chunk, first_slot):
   # A query with nothing to attend to (it sits on padding) gets zeros, never NaN.
   assert np.isfinite(np.asarray(blocked)).all()
   assert (np.asarray(blocked)[~has_key] == 0).all()
+  # A static first slot (a prefill) reads the same chunks as one dense block.
+  static = blocked_cached_attention(q, k_t, v, kv_mask, first_slot, chunk=chunk)
+  np.testing.assert_allclose(np.asarray(static)[has_key], np.asarray(dense)[has_key], atol=1e-5)
 
 
 def test_blocked_attention_reads_no_slot_after_the_block(key):
@@ -49,8 +52,9 @@ def test_blocked_attention_reads_no_slot_after_the_block(key):
   first_slot, chunk = 3, 4  # the block ends in chunk 0: slots 4.. are never read
   k_t = k_t.at[..., 4:].set(jnp.nan)
   v = v.at[:, :, 4:].set(jnp.nan)
-  out = blocked_cached_attention(q, k_t, v, kv_mask, first_slot, chunk=chunk)
-  assert np.isfinite(np.asarray(out)).all()
+  for slot in (first_slot, jnp.int32(first_slot)):  # static and traced
+    out = blocked_cached_attention(q, k_t, v, kv_mask, slot, chunk=chunk)
+    assert np.isfinite(np.asarray(out)).all()
 
 
 def test_blocked_attention_rejects_a_ragged_cache(key):

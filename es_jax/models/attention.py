@@ -139,21 +139,26 @@ def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
     q: [B, S, H, E] queries of the block at slots [first_slot, first_slot + S).
     k_t: [B, K, E, T] keys (transposed); v: [B, K, T, E]. T must be a multiple of `chunk`.
     kv_mask: [B, T] bool, slot holds a real token (the block's own slots included).
-    first_slot: the block's first slot (traced scalar); query s attends to real slots
-      <= first_slot + s.
+    first_slot: the block's first slot; query s attends to real slots <= first_slot + s. A
+      Python int (a prefill at slot 0) reads the same chunks as one dense block.
     chunk: C, slots per chunk (static).
 
   Returns:
-    [B, S, H*E] in q's dtype. A query with no real slot at all gets zeros (the dense form gives
-    the mean of the masked values; both are never read: such queries sit on padding).
+    [B, S, H*E] in q's dtype. A query with no real slot at all gets zeros from the chunk loop
+    (the dense form gives the mean of the masked values; neither is read: such queries sit on
+    padding).
   """
   B, S, H, E = q.shape
   K, T = k_t.shape[1], k_t.shape[-1]
   if T % chunk:
     raise ValueError(f"blocked attention: cache length {T} is not a multiple of chunk={chunk}.")
   G = H // K
-  qg = _grouped(q, K)  # [B, K, G*S, E]
   q_slots = first_slot + jnp.arange(S)  # [S]
+  if isinstance(first_slot, int):  # a static block (a prefill): its chunks as one dense read
+    end = min(-(-(first_slot + S) // chunk) * chunk, T)
+    allowed = kv_mask[:, None, :end] & (jnp.arange(end)[None, None, :] <= q_slots[None, :, None])
+    return cached_attention(q, k_t[..., :end], v[:, :, :end], allowed)
+  qg = _grouped(q, K)  # [B, K, G*S, E]
   scale = 1.0 / math.sqrt(E)
   num_chunks = (first_slot + S + chunk - 1) // chunk  # chunks holding a slot <= the last query's
 

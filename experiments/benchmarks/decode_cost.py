@@ -1,22 +1,21 @@
 """Decode cost against the tokens generated: the chunked, compacting decode loop vs the static one.
 
     python -m experiments.benchmarks.decode_cost [--model smollm2] [--rows 16]
-        [--max_new_tokens 256] [--step_rows 16] [--budget 2048] [--repeats 1]
+        [--max_new_tokens 256] [--step_rows 16] [--budget 2048] [--repeats 2]
 
 (a) Length mix. `rows` random-id prompts of `prompt_len` tokens are sampled (temperature 1 and a
 fixed key: varied text, where greedy decoding of random prompts loops) with a budget of
 `max_new_tokens`. Target lengths are drawn from a log-normal distribution (median `median_len`,
-log-σ 0.8, clipped to [4, max_new_tokens]; seed 0); a free run picks, per row, a token it emits
-near its target and never earlier, and those tokens become the stop set, so rows end near their
-targets (the realised lengths are printed: another row's stop token can end a row earlier). Three
-loops decode the same rows in the same run, each compiled ahead (compile time printed apart) and
-timed over `repeats` runs (best): the static loop (`kv_chunk=None, compactions=0`: every step reads
-every slot of every row until the longest row ends), compaction alone (`compactions` of the
-default: finished rows leave the batch; its tokens must equal the static loop's, an AssertionError
-otherwise) and the default (`sampling.KV_CHUNK` chunked cache reads as well; its sampled tokens may
-differ from the static loop's where a draw falls within float rounding of a token boundary, as the
-chunked softmax sums in another order: the rows identical to the static loop's are counted). Prints
-generated tokens per second of each and its ratio to the static loop's time per token.
+log-σ 0.8, clipped to [4, max_new_tokens]; seed 0); a free run of the static loop picks, per row, a
+token it emits near its target and never earlier, and those tokens become the stop set, so rows end
+near their targets (the realised lengths are printed: another row's stop token can end a row
+earlier, and a row without a suitable token runs to the budget). Two loops decode the same rows in
+the same run, each compiled ahead (compile time printed apart) and timed over `repeats` alternating
+runs (best of each): the static loop (`kv_chunk=None, compactions=0`: every step reads every slot
+of every row until the longest row ends) and the default (`sampling.KV_CHUNK` chunked cache reads,
+`sampling.COMPACTIONS` halvings of the batch as rows end). Prints generated tokens per second of
+each, the ratio, and how many rows' tokens equal the static loop's (a sampled row can diverge where
+a draw falls within float rounding of a token boundary: `es_jax.decode_loop`).
 
 (b) Step cost against cache fill. One decode step (`forward` with one new token per row over a
 cache of `budget` slots, layers unrolled as the CPU decode loop runs them, cache donated so it is
@@ -38,20 +37,28 @@ import importlib.util
 import os
 import time
 
-import jax
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # as tpu_plan: planners share libtpu
+
+import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 
 from es_jax import sampling
 from es_jax.decode_loop import decode
-from es_jax.models import forward, init_cache, params, unstack_cache, unstack_layers
+from es_jax.models import (
+  forward,
+  init_cache,
+  param_shapes,
+  params,
+  unstack_cache,
+  unstack_layers,
+)
 from experiments.benchmarks._common import MODELS, load_model
 
 FILLS = (0.05, 0.5, 1.0)
 STATIC = dict(kv_chunk=None, compactions=0)  # every step reads all slots of all rows
 LOOPS = (
   ("static", STATIC),
-  ("compacting", dict(kv_chunk=None, compactions=sampling.COMPACTIONS)),
   ("default", dict(kv_chunk=sampling.KV_CHUNK, compactions=sampling.COMPACTIONS)),
 )
 
@@ -88,15 +95,15 @@ def length_mix(p, cfg, args) -> None:
   key = jax.random.key(0)
   free = compiled(p, cfg, ids, mask, key, args.max_new_tokens, (), STATIC)[0]()
   eos = stop_tokens(np.asarray(free.tokens), targets)
-  runs = {}
-  for name, loop in LOOPS:
-    call, compile_s = compiled(p, cfg, ids, mask, key, args.max_new_tokens, eos, loop)
-    best = float("inf")
-    for _ in range(args.repeats):
+  calls = {
+    name: compiled(p, cfg, ids, mask, key, args.max_new_tokens, eos, loop) for name, loop in LOOPS
+  }
+  runs = {name: [float("inf"), calls[name][1], None] for name, _ in LOOPS}
+  for _ in range(args.repeats):  # alternate the loops, so load changes hit both alike
+    for name, _ in LOOPS:
       start = time.perf_counter()
-      out = jax.block_until_ready(call())
-      best = min(best, time.perf_counter() - start)
-    runs[name] = (best, compile_s, out)
+      out = jax.block_until_ready(calls[name][0]())
+      runs[name] = [min(runs[name][0], time.perf_counter() - start), calls[name][1], out]
   static = runs["static"][2]
   lengths = np.asarray(static.lengths)
   print(
@@ -115,8 +122,6 @@ def length_mix(p, cfg, args) -> None:
       f"compile {compile_s:.1f} s), x{speedup:.2f} the static loop's tok/s, rows identical "
       f"to static {same.sum()}/{len(same)}, {_load()}"
     )
-  # Row compaction moves rows, never changes their arithmetic: its tokens are the static loop's.
-  np.testing.assert_array_equal(np.asarray(runs["compacting"][2].tokens), np.asarray(static.tokens))
 
 
 def compiled(p, cfg, ids, mask, key, max_new_tokens, eos, loop):
@@ -146,11 +151,15 @@ def step_cost(p, cfg, args) -> None:
     return logits, cache
 
   times = {}
-  for name, chunk in (("chunked", sampling.KV_CHUNK), ("dense", None)):
-    run = jax.jit(lambda params, cache, index, chunk=chunk: step(params, cache, index, chunk),
-                  donate_argnums=1)  # fmt: skip
-    for fill in FILLS:
-      index = min(int(fill * T), T - 1)
+  runs = {
+    name: jax.jit(
+      lambda params, cache, index, chunk=chunk: step(params, cache, index, chunk), donate_argnums=1
+    )  # fmt: skip
+    for name, chunk in (("chunked", sampling.KV_CHUNK), ("dense", None))
+  }
+  for fill in FILLS:
+    index = min(int(fill * T), T - 1)
+    for name, run in runs.items():  # both reads at one fill, back to back
       cache = init_cache(cfg, B, T)
       cache = unstack_cache(cache._replace(mask=jnp.arange(T)[None, :].repeat(B, 0) < index))
       samples = []
@@ -176,8 +185,9 @@ def main(argv=None) -> None:
   parser.add_argument("--median_len", type=int, default=48)
   parser.add_argument("--step_rows", type=int, default=16)
   parser.add_argument("--budget", type=int, default=2048)
-  parser.add_argument("--repeats", type=int, default=1, help="timed runs (after compiling)")
-  parser.add_argument("--skip", default="", help="comma list of parts to skip: a,b")
+  parser.add_argument("--repeats", type=int, default=2, help="timed runs (after compiling)")
+  parser.add_argument("--topology", default="v5e:2x2", help="TPU topology for (c) (one chip)")
+  parser.add_argument("--skip", default="", help="comma list of parts to skip: a,b,c")
   args = parser.parse_args(argv)
   model, _ = load_model(args.model)
   p, cfg = params(model), model.config
@@ -186,10 +196,51 @@ def main(argv=None) -> None:
     length_mix(p, cfg, args)
   if "b" not in args.skip:
     step_cost(p, cfg, args)
+  if "c" in args.skip:
+    return
   if importlib.util.find_spec("libtpu") is None:
     print("(c) compiled bytes per step: skipped, libtpu is not installed (the `tpu` extra).")
   else:
-    print("(c) compiled bytes per step: not measured by this script yet (see docs/benchmarks.md).")
+    tpu_bytes(cfg, args)
+
+
+def tpu_bytes(cfg, args) -> None:
+  """Compiled bytes accessed by one decode step for a TPU chip (deviceless compile), against
+  the weights' bytes plus the filled KV slots' bytes, at each fill."""
+  from experiments import tpu_programs
+
+  mesh = tpu_programs.make_mesh(tpu_programs.topology_devices(args.topology), 1, 1)
+  B, T, c = args.step_rows, args.budget, cfg
+  zeros = lambda s: jnp.zeros(s, cfg.jnp_dtype)  # noqa: E731
+  is_shape = lambda x: isinstance(x, tuple)  # noqa: E731
+  shapes = jax.eval_shape(
+    lambda: unstack_layers(jax.tree.map(zeros, param_shapes(cfg), is_leaf=is_shape))
+  )
+  layers = jax.tree.map(lambda x: tpu_programs._sds(x.shape, cfg.jnp_dtype, mesh), shapes)
+  weight_bytes = sum(x.size * cfg.jnp_dtype.itemsize for x in jax.tree.leaves(layers))
+  cache = jax.tree.map(
+    lambda x: tpu_programs._sds(x.shape, x.dtype, mesh),
+    jax.eval_shape(lambda: unstack_cache(init_cache(cfg, B, T))),
+  )
+  slot_bytes = 2 * c.num_layers * B * c.num_kv_heads * c.head_dim * cfg.jnp_dtype.itemsize
+  for name, chunk in (("chunked", sampling.KV_CHUNK), ("dense", None)):
+    ratios = []
+    for fill in FILLS:
+      index = min(int(fill * T), T - 1)  # static: the program reads the chunks up to it
+
+      def step(params, cache, index=index, chunk=chunk):
+        tok, pos = jnp.zeros((B, 1), jnp.int32), jnp.full((B, 1), index)
+        return forward(params, tok, pos, config=cfg, cache=cache, cache_index=index, kv_chunk=chunk)
+
+      compiled = jax.jit(step, donate_argnums=1).lower(layers, cache).compile()
+      accessed = tpu_programs.figures(compiled)["bytes_accessed"]
+      ideal = weight_bytes + slot_bytes * (index + 1)
+      ratios.append(f"{int(fill * 100)}% {accessed / 2**20:.0f} MiB = {accessed / ideal:.2f}x")
+    print(
+      f"(c) one step, one chip of {args.topology} (deviceless compile), {B} rows, {T} slots, "
+      f"{name}: "
+      f"bytes accessed vs weights {weight_bytes / 2**20:.0f} MiB + filled KV: {'; '.join(ratios)}"
+    )
 
 
 if __name__ == "__main__":
