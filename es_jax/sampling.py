@@ -14,39 +14,28 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import functools
 import math
 import operator
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from es_jax import _checks, token_sampling
+from es_jax import _checks
 from es_jax import member_axes as axes_lib
+from es_jax.decode_loop import Completions, decode
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import (
-  Params,
-  Transformer,
-  cast_params,
-  forward,
-  init_cache,
-  unstack_cache,
-  unstack_layers,
-)
+from es_jax.models.transformer import Params, Transformer
 from es_jax.models.transformer import params as model_params
 
-
-class Completions(NamedTuple):
-  """Generated continuations. Positions after a row's EOS are masked and hold `pad_id`."""
-
-  tokens: jax.Array  # [B, T] int32
-  logprobs: jax.Array  # [B, T] float32: log π(token) under the untempered model distribution.
-  entropy: jax.Array  # [B, T] float32: full-distribution entropy of the untempered model.
-  mask: jax.Array  # [B, T] bool: generated token (the EOS token included).
-  lengths: jax.Array  # [B] int32: number of generated tokens, EOS included.
+# The decode loop's defaults (`generate`'s kv_chunk and compactions; see es_jax.decode_loop).
+# Off by default: the blocked attention sums the softmax in another order and a shrinking batch
+# rounds some rows differently on XLA:CPU, so sampled tokens near a boundary can change, and each
+# compaction phase compiles another copy of the step. Pass kv_chunk=128, compactions=2 (the
+# measured setting of docs/benchmarks.md) to read only the filled cache and drop finished rows.
+KV_CHUNK = None
+COMPACTIONS = 0
 
 
 @jax.tree_util.register_pytree_node_class
@@ -206,165 +195,6 @@ def default_unroll_layers(mesh_or_devices=None) -> bool:
   return platform == "cpu"
 
 
-@functools.partial(
-  jax.jit,
-  # Static: shapes and the model structure decide the compiled program.
-  static_argnames=(
-    "config",
-    "max_new_tokens",
-    "eos_ids",
-    "use_top_p",
-    "pad_id",
-    "greedy",
-    "unroll_layers",
-    "member_axes",
-  ),
-)
-def _generate(
-  params,
-  deltas,
-  delta_scale,
-  prompt_ids,
-  prompt_mask,
-  key,
-  *,
-  temperature,
-  top_p,
-  config: ModelConfig,
-  max_new_tokens: int,
-  eos_ids: tuple[int, ...],
-  use_top_p: bool,
-  pad_id: int,
-  greedy: bool,
-  unroll_layers: bool,
-  member_axes=None,
-):
-  """The decode loop of `generate` and, with `member_axes`, of `generate_members`.
-
-  Member mode: prompt_ids/prompt_mask are [M, P, S], `key` holds M keys, and `member_axes` is
-  `(split_axes(params_axes), split_axes(deltas_axes))` (es_jax.member_axes). The loop runs over
-  the M * P rows as one batch (one unbatched while loop: a vmapped loop would carry a per-row
-  predicate and select the whole KV cache every step); only the model call is vmapped over the
-  members.
-  """
-  # Float32 master weights of a bf16 model: one cast before the loop, not one per step in forward.
-  params = cast_params(params, config.jnp_dtype)
-  if member_axes is None:
-    members = None
-    B, S = prompt_ids.shape
-    cache = init_cache(config, B, S + max_new_tokens)
-    axes = (None, None)
-  else:
-    members, P, S = prompt_ids.shape
-    B = members * P
-    prompt_ids, prompt_mask = prompt_ids.reshape(B, S), prompt_mask.reshape(B, S)
-    axes = tuple(treedef.unflatten(leaves) for leaves, treedef in member_axes)
-    cache = jax.vmap(lambda _: init_cache(config, P, S + max_new_tokens))(jnp.arange(members))
-
-  def model(params, deltas, axes, tokens, positions, mask, cache, cache_index, last_only=False):
-    kw = dict(config=config, cache_index=cache_index, delta_scale=delta_scale, last_only=last_only)
-    if members is None:
-      return forward(params, tokens, positions, mask=mask, cache=cache, deltas=deltas, **kw)
-
-    def one(p, d, tok, pos, m, c):
-      return forward(p, tok, pos, mask=m, cache=c, deltas=d, **kw)
-
-    split = lambda x: x.reshape(members, -1, *x.shape[1:])  # noqa: E731
-    logits, cache = jax.vmap(one, in_axes=(*axes, 0, 0, 0, 0))(
-      params, deltas, split(tokens), split(positions), split(mask), cache
-    )
-    return logits.reshape(B, *logits.shape[2:]), cache
-
-  def unstacked(cache):
-    return unstack_cache(cache) if members is None else jax.vmap(unstack_cache)(cache)
-
-  # Layers given unstacked (`unstack_layers`, e.g. built so by the ES population, which then holds
-  # no stacked copy) run unrolled from the prefill on.
-  given_unstacked = isinstance(params["layers"], (tuple, list))
-  if given_unstacked:
-    cache = unstacked(cache)
-  positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=-1) - 1, 0)
-  logits, cache = model(
-    params, deltas, axes, prompt_ids, positions, prompt_mask, cache, 0, last_only=True
-  )
-  if unroll_layers and not given_unstacked:
-    # Decode over per-layer copies of the weights (made once here; the barrier keeps XLA from
-    # sinking the slices back into the loop, where they would be redone every step).
-    if members is None:
-      params, deltas = unstack_layers(params), None if deltas is None else unstack_layers(deltas)
-    else:
-      (params, p_axes), (deltas, d_axes) = (
-        axes_lib.unstack_member_layers(params, axes[0], config.num_layers),
-        axes_lib.unstack_member_layers(deltas, axes[1], config.num_layers),
-      )
-      axes = (p_axes, d_axes)
-    params, deltas = jax.lax.optimization_barrier((params, deltas))
-    cache = unstacked(cache)
-  prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [B]
-  eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
-
-  out = Completions(
-    tokens=jnp.full((B, max_new_tokens), pad_id, jnp.int32),
-    logprobs=jnp.zeros((B, max_new_tokens), jnp.float32),
-    entropy=jnp.zeros((B, max_new_tokens), jnp.float32),
-    mask=jnp.zeros((B, max_new_tokens), bool),
-    lengths=jnp.zeros((B,), jnp.int32),
-  )
-
-  def pick(t, logits):
-    """Step t's tokens from logits [B, V]: each member samples with fold_in(its key, t)."""
-    if greedy:
-      return token_sampling.argmax(logits)
-    sample = functools.partial(
-      token_sampling.sample_token, temperature=temperature, top_p=top_p, use_top_p=use_top_p
-    )
-    if members is None:
-      return sample(logits, jax.random.fold_in(key, t))
-    keys_t = jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, t)
-    return jax.vmap(sample)(logits.reshape(members, P, -1), keys_t).reshape(B)
-
-  def emit(t, logits, done, out):
-    """Picks step t's tokens from logits [B, 1, V] and records them."""
-    logits = logits[:, -1]  # [B, V]
-    tok = pick(t, logits)
-    logp, ent = token_sampling.logprob_and_entropy(logits, tok)
-    live = ~done
-    tok = jnp.where(live, tok, pad_id)
-    out = Completions(
-      tokens=out.tokens.at[:, t].set(tok),
-      logprobs=out.logprobs.at[:, t].set(jnp.where(live, logp, 0.0)),
-      entropy=out.entropy.at[:, t].set(jnp.where(live, ent, 0.0)),
-      mask=out.mask.at[:, t].set(live),
-      lengths=out.lengths + live.astype(jnp.int32),
-    )
-    return tok, live, done | jnp.isin(tok, eos), out
-
-  def cond(state):
-    t, *_, done, _ = state
-    return (t < max_new_tokens) & ~jnp.all(done)
-
-  def body(state):
-    # Feed step t-1's tokens, then emit step t's: max_new_tokens - 1 forwards after the prefill.
-    t, cache, tok, live, done, out = state
-    logits, cache = model(
-      params,
-      deltas,
-      axes,
-      tok[:, None],
-      (prompt_len + t - 1)[:, None],
-      live[:, None],
-      cache,
-      S + t - 1,
-    )
-    return t + 1, cache, *emit(t, logits, done, out)
-
-  tok, live, done, out = emit(0, logits, jnp.zeros((B,), bool), out)
-  *_, out = jax.lax.while_loop(cond, body, (jnp.int32(1), cache, tok, live, done, out))
-  if members is not None:
-    out = jax.tree.map(lambda x: x.reshape(members, P, *x.shape[1:]), out)
-  return out
-
-
 def generate(
   params_or_model: Params | Transformer,
   prompt_ids,
@@ -380,6 +210,8 @@ def generate(
   deltas: Params | None = None,
   delta_scale: float | jax.Array | None = None,
   unroll_layers: bool | None = None,
+  kv_chunk: int | None = KV_CHUNK,
+  compactions: int = COMPACTIONS,
 ) -> Completions:
   """Samples continuations of left-padded prompts.
 
@@ -402,6 +234,15 @@ def generate(
       every layer's weights on every step. Default (None): `default_unroll_layers()`, on when
       the target is a CPU. Parameters whose "layers" are already unstacked always run unrolled,
       without that copy.
+    kv_chunk: a decode step reads the KV cache in chunks of this many slots, up to the last
+      filled one, so its attention cost follows the tokens so far; None reads the whole
+      allocated cache every step (the static decode). Static.
+    compactions: how many times the batch may halve as rows end (finished rows leave the
+      batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
+      its longest row ends. Static. Neither changes a row's draws; both change the float
+      rounding of its logits, so a sampled token at a rounding boundary can differ from the
+      static loop's (`es_jax.decode_loop`). A batch sharded over devices is compacted within
+      each device's rows.
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].
@@ -412,7 +253,7 @@ def generate(
   if config is None:
     raise ValueError("generate: pass `config=` when giving a params dict instead of a model.")
   prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask)
-  return _generate(
+  return decode(
     params_or_model,
     deltas,
     delta_scale,
@@ -420,8 +261,29 @@ def generate(
     prompt_mask,
     key,
     config=config,
+    row_groups=_row_shards(prompt_ids),
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
+    **_loop_options(kv_chunk, compactions),
   )
+
+
+def _row_shards(prompt_ids) -> int:
+  """How many shards the batch axis of `prompt_ids` is split into (1 when it is not, or is
+  traced): finished rows are then compacted within each shard, never moved between devices."""
+  try:
+    rows_per_shard = prompt_ids.sharding.shard_shape(prompt_ids.shape)[0]
+  except (AttributeError, TypeError, ValueError):
+    return 1
+  return max(prompt_ids.shape[0] // max(rows_per_shard, 1), 1)
+
+
+def _loop_options(kv_chunk, compactions) -> dict:
+  """The decode loop's layout settings, checked (ValueError naming the argument)."""
+  if kv_chunk is not None:
+    _checks.positive_int(kv_chunk, "kv_chunk")
+  if isinstance(compactions, bool) or not isinstance(compactions, int) or compactions < 0:
+    raise ValueError(f"compactions={compactions!r} must be a Python int >= 0 (it is static).")
+  return dict(kv_chunk=None if kv_chunk is None else int(kv_chunk), compactions=int(compactions))
 
 
 def _checked_prompts(caller: str, prompt_ids, prompt_mask):
@@ -438,7 +300,7 @@ def _checked_prompts(caller: str, prompt_ids, prompt_mask):
 
 
 def _decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers) -> dict:
-  """`_generate`'s sampling arguments, normalised by `Decoding` (static switches as Python)."""
+  """`decode`'s sampling arguments, normalised by `Decoding` (static switches as Python)."""
   d = Decoding(max_new_tokens, temperature, top_p, eos_ids, pad_id)
   if unroll_layers is None:
     unroll_layers = default_unroll_layers()
@@ -471,6 +333,8 @@ def generate_members(
   eos_ids: Sequence[int] = (),
   pad_id: int = 0,
   unroll_layers: bool | None = None,
+  kv_chunk: int | None = KV_CHUNK,
+  compactions: int = COMPACTIONS,
 ) -> Completions:
   """Samples the same prompts from M models at once (an ES population's members).
 
@@ -504,7 +368,7 @@ def generate_members(
   for name, tree, axes in (("params", params, params_axes), ("deltas", deltas, deltas_axes)):
     axes_lib.check_member_axes(name, tree, axes, members)
   shape = (members, *prompt_ids.shape)
-  return _generate(
+  return decode(
     params,
     deltas,
     delta_scale,
@@ -514,4 +378,5 @@ def generate_members(
     config=config,
     member_axes=(axes_lib.split_axes(params_axes), axes_lib.split_axes(deltas_axes)),
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
+    **_loop_options(kv_chunk, compactions),
   )

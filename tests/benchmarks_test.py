@@ -4,7 +4,7 @@ tokens to transformers. Timings are printed, never asserted."""
 
 import re
 
-from experiments.benchmarks import es_vs_sequential, sampler_vs_transformers
+from experiments.benchmarks import decode_cost, es_vs_sequential, sampler_vs_transformers
 
 
 def test_es_vs_sequential_sides_agree(capsys):
@@ -35,3 +35,14 @@ def test_sampler_vs_transformers_tokens_identical(capsys):
   )
   out = capsys.readouterr().out
   assert "identical=True" in out and "ratio" in out
+
+
+def test_decode_cost_runs_and_prints_both_loops(capsys):
+  decode_cost.main(
+    ["--model", "tiny", "--rows", "4", "--max_new_tokens", "12", "--median_len", "4"]
+    + ["--step_rows", "2", "--budget", "256", "--repeats", "1", "--skip", "c"]
+  )
+  out = capsys.readouterr().out
+  assert re.search(r"static .*tok/s.*rows identical to static 4/4", out)
+  assert re.search(r"cost-following .*tok/s", out)
+  assert re.search(r"chunked: 5% [0-9.]+ ms.*5%/100% = [0-9.]+", out)

@@ -80,7 +80,8 @@ def test_save_hf_round_trip_loads_in_transformers(hf_checkpoint, tmp_path):
   jax.tree.map(np.testing.assert_array_equal, params(again), params(model))
 
 
-def test_kv_cache_decode_equals_full_forward(hf_checkpoint):
+@pytest.mark.parametrize("kv_chunk", [None, 2, 5])
+def test_kv_cache_decode_equals_full_forward(hf_checkpoint, kv_chunk):
   _, _, path = hf_checkpoint
   model, _ = load_hf(path, tokenizer=False)
   p, cfg = params(model), model.config
@@ -99,6 +100,7 @@ def test_kv_cache_decode_equals_full_forward(hf_checkpoint):
     mask=jnp.asarray(mask[:, :6]),
     cache=cache,
     cache_index=0,
+    kv_chunk=kv_chunk,
   )
   steps = [logits]
   for t in range(6, 10):
@@ -110,6 +112,7 @@ def test_kv_cache_decode_equals_full_forward(hf_checkpoint):
       mask=jnp.asarray(mask[:, t : t + 1]),
       cache=cache,
       cache_index=t,
+      kv_chunk=kv_chunk,
     )
     steps.append(logits)
   decoded = jnp.concatenate(steps, axis=1)

@@ -7,9 +7,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import torch_model
 
+from es_jax.decode_loop import decode
 from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
-from es_jax.sampling import Decoding, _generate, generate, generate_members, pad_prompts
+from es_jax.sampling import Decoding, generate, generate_members, pad_prompts
 from es_jax.token_sampling import (
   _inverse_cdf,
   _nucleus_threshold,
@@ -34,12 +35,17 @@ def _prompts():
   return pad_prompts([[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7]], pad_id=0, bucket=8)
 
 
-def test_greedy_matches_transformers_generate(tiny):
+@pytest.mark.parametrize(
+  "loop",
+  [{}, dict(kv_chunk=None, compactions=0), dict(kv_chunk=4, compactions=2)],
+  ids=["default", "static", "chunked"],
+)
+def test_greedy_matches_transformers_generate(tiny, loop):
   import torch
 
   ref, p, cfg = tiny
   ids, mask = _prompts()
-  out = generate(p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12)
+  out = generate(p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12, **loop)
   with torch.no_grad():
     expected = ref.generate(
       input_ids=torch.tensor(ids, dtype=torch.long),
@@ -238,10 +244,10 @@ def test_no_retrace_on_second_call(tiny):
   ids, mask = _prompts()
   kw = dict(config=cfg, max_new_tokens=4, top_p=0.95)
   generate(p, ids, mask, key=jax.random.key(0), temperature=0.5, **kw)
-  before = _generate._cache_size()
+  before = decode._cache_size()
   ids2 = np.asarray(ids)[::-1].copy()  # new values, same shapes; new temperature value
   generate(p, ids2, mask[::-1].copy(), key=jax.random.key(9), temperature=0.9, **kw)
-  assert _generate._cache_size() == before
+  assert decode._cache_size() == before
 
 
 def test_decoding_validates_once_and_keeps_its_static_structure():

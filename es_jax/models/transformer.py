@@ -16,23 +16,28 @@ x @ (W + c a bᵀ) = x @ W + c (x @ a) @ bᵀ. `deltas` mirrors the params dict 
 pairs only for the matrices that are perturbed; EGGROLL-style ES (docs/method.md §2) passes
 c = sigma / sqrt(R).
 
-Decoding: `forward` also takes the layers unstacked (`unstack_layers`: a tuple of per-layer
-dicts) with a per-layer KV cache (`unstack_cache`), and then runs them as an unrolled Python
-loop. On CPU that is the fast decode path: XLA:CPU copies every scanned layer's weights out of
-the stacked array on every step (a dynamic slice cannot feed a matmul in place), about a quarter
-of a SmolLM2 decode step's op time; the unstacked copy is made once per `generate` call.
+Decoding: the KV cache and attention live in `es_jax.models.attention`. `forward` also takes
+the layers unstacked (`unstack_layers`) with a per-layer cache (`unstack_cache`) and runs them
+as an unrolled loop: the fast CPU decode path, as XLA:CPU copies a scanned layer's weights out
+of the stack on every step (about a quarter of a SmolLM2 decode step's op time).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from es_jax.models.attention import (
+  KVCache,
+  blocked_cached_attention,
+  cached_attention,
+  self_attention,
+)
 from es_jax.models.config import ModelConfig
 
 Params = dict[str, Any]
@@ -51,40 +56,6 @@ def is_hook_leaf(names: tuple[Any, ...]) -> bool:
   if names in (("embed",), ("lm_head",)):
     return True
   return len(names) == 2 and names[0] == "layers" and names[1] in LAYER_MATRICES
-
-
-class KVCache(NamedTuple):
-  """Functional KV cache. Slots are shared by the batch; left padding keeps rows aligned.
-
-  Keys are stored transposed ([..., E, T]) so the score matmul q·kᵀ reads them as a plain
-  [E, T] right-hand side (about twice as fast on CPU as contracting over the minor axis of a
-  [T, E] block). `k` and `v` are either stacked on a leading L axis (what `init_cache` makes and
-  the scanned layers use) or tuples of L per-layer arrays (`unstack_cache`, for the unrolled
-  decode loop over `unstack_layers` parameters).
-  """
-
-  k: jax.Array | tuple[jax.Array, ...]  # [L, B, K, E, T], or L x [B, K, E, T]
-  v: jax.Array | tuple[jax.Array, ...]  # [L, B, K, T, E], or L x [B, K, T, E]
-  mask: jax.Array  # [B, T] bool: slot holds a real (non-pad) token.
-
-
-def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
-  """An empty stacked cache with `max_len` slots (see `KVCache` for the layout)."""
-  dtype = dtype or config.jnp_dtype
-  c = config
-  shape = (c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim)
-  return KVCache(
-    k=jnp.zeros((*shape[:3], c.head_dim, max_len), dtype),
-    v=jnp.zeros(shape, dtype),
-    mask=jnp.zeros((batch_size, max_len), bool),
-  )
-
-
-def unstack_cache(cache: KVCache) -> KVCache:
-  """The same cache with per-layer key/value arrays (one copy of the cache)."""
-  if isinstance(cache.k, tuple):
-    return cache
-  return KVCache(k=tuple(cache.k), v=tuple(cache.v), mask=cache.mask)
 
 
 def unstack_layers(tree: Params) -> Params:
@@ -214,37 +185,6 @@ def _unembed(params: Params, h: jax.Array, deltas: Params, scale) -> jax.Array:
   return logits
 
 
-def _attention(q, k, v, allowed):
-  """Grouped-query attention over this block's own keys. q [B,S,H,E]; k, v [B,S,K,E];
-  allowed [B,S,S] bool."""
-  B, S, H, E = q.shape
-  K = k.shape[2]
-  qg = q.reshape(B, S, K, H // K, E)
-  scores = jnp.einsum("bskge,btke->bkgst", qg, k, preferred_element_type=jnp.float32)
-  scores = scores * (1.0 / math.sqrt(E))
-  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgst,btke->bskge", probs, v)
-  return out.reshape(B, S, H * E)
-
-
-def _cached_attention(q, k_t, v, allowed):
-  """Grouped-query attention over a cache layer. q [B,S,H,E]; k_t [B,K,E,T] (keys transposed);
-  v [B,K,T,E]; allowed [B,S,T] bool."""
-  B, S, H, E = q.shape
-  K = k_t.shape[1]
-  G = H // K
-  # Rows (g, s) of one KV head's queries form a plain [G*S, E] @ [E, T] matmul; in a decode step
-  # (S = 1) the transposes are free and XLA:CPU keeps both matmuls on its fast dot path.
-  qg = q.reshape(B, S, K, G, E).transpose(0, 2, 3, 1, 4).reshape(B, K, G * S, E)
-  scores = jnp.einsum("bkqe,bket->bkqt", qg, k_t, preferred_element_type=jnp.float32)
-  scores = scores.reshape(B, K, G, S, -1) * (1.0 / math.sqrt(E))
-  scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, G * S, -1)
-  out = jnp.einsum("bkqt,bkte->bkqe", probs, v)
-  return out.reshape(B, K, G, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, H * E)
-
-
 # ----------------------------------------------------------------------------- forward
 
 
@@ -261,6 +201,7 @@ def forward(
   delta_scale: jax.Array | float | None = None,
   last_only: bool = False,
   remat: bool = False,
+  kv_chunk: int | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder on a block of tokens.
 
@@ -284,6 +225,8 @@ def forward(
       (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
       [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
       training long completions needs this; it costs about one more forward pass.
+    kv_chunk: with a cache, read it in chunks of this many slots up to the block's last slot
+      (`attention.blocked_cached_attention`, T a multiple of it); None reads every slot.
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).
@@ -307,8 +250,7 @@ def forward(
   if unrolled:
     layer_deltas = [{k: v for k, v in d.items() if v is not None} for d in layer_deltas]
     layer_deltas = layer_deltas or [{}] * len(layers)
-  if mask is None:
-    mask = jnp.ones((B, S), bool)
+  mask = jnp.ones((B, S), bool) if mask is None else mask
   inv_freq = rope_inv_freq(c)
   h = _embed(params, tokens, deltas, delta_scale).astype(c.jnp_dtype)
   q_slots = cache_index + jnp.arange(S)
@@ -333,8 +275,12 @@ def forward(
     k = apply_rope(k.reshape(B, S, c.num_kv_heads, c.head_dim), positions, inv_freq)
     v = v.reshape(B, S, c.num_kv_heads, c.head_dim)
     keys, values, state = write(k, v)
-    attend = _attention if cache is None else _cached_attention
-    attn = attend(q, keys, values, allowed)
+    if cache is None:
+      attn = self_attention(q, keys, values, allowed)
+    elif kv_chunk is None:
+      attn = cached_attention(q, keys, values, allowed)
+    else:
+      attn = blocked_cached_attention(q, keys, values, kv_mask, cache_index, chunk=kv_chunk)
     h = h + _linear(attn, p["wo"], d.get("wo"), delta_scale)
     x = rms_norm(h, p["mlp_norm"], c.norm_eps)
     gate = _linear(x, p["w_gate"], d.get("w_gate"), delta_scale)

@@ -1,0 +1,190 @@
+"""Attention and the KV cache: the dense form and the blocked form whose cost follows the tokens.
+
+Axis letters as in `es_jax.models.transformer` (B batch, S query length, T cache slots, H query
+heads, K key/value heads, G = H / K, E head dim); C is the cache chunk of the blocked form.
+
+`cached_attention` reads every slot of the cache, masked: a decode step costs the whole allocated
+length (prompt + budget) however few tokens are in it. `blocked_cached_attention` reads the cache
+in chunks of C slots and stops after the last chunk that holds a slot at or before the block's
+own, accumulating the softmax online over chunks (running max m, running sum l)::
+
+  m' = max(m, max_t s_t)      l' = l e^(m - m') + Σ_t e^(s_t - m')
+  o' = o e^(m - m') + Σ_t e^(s_t - m') v_t          out = o / l
+
+so a decode step at slot p reads ⌈(p + 1) / C⌉ chunks. Equal to the dense form up to float
+rounding (the sums run chunk by chunk).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from es_jax.models.config import ModelConfig
+
+_NEG = jnp.finfo(jnp.float32).min  # a masked score: exp(_NEG - m) is 0 for any real m
+
+
+class KVCache(NamedTuple):
+  """Functional KV cache. Slots are shared by the batch; left padding keeps rows aligned.
+
+  Keys are stored transposed ([..., E, T]) so the score matmul q·kᵀ reads them as a plain
+  [E, T] right-hand side (about twice as fast on CPU as contracting over the minor axis of a
+  [T, E] block). `k` and `v` are either stacked on a leading L axis (what `init_cache` makes and
+  the scanned layers use) or tuples of L per-layer arrays (`unstack_cache`, for the unrolled
+  decode loop over `unstack_layers` parameters).
+  """
+
+  k: jax.Array | tuple[jax.Array, ...]  # [L, B, K, E, T], or L x [B, K, E, T]
+  v: jax.Array | tuple[jax.Array, ...]  # [L, B, K, T, E], or L x [B, K, T, E]
+  mask: jax.Array  # [B, T] bool: slot holds a real (non-pad) token.
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+  """An empty stacked cache with `max_len` slots (see `KVCache` for the layout)."""
+  dtype = dtype or config.jnp_dtype
+  c = config
+  shape = (c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim)
+  return KVCache(
+    k=jnp.zeros((*shape[:3], c.head_dim, max_len), dtype),
+    v=jnp.zeros(shape, dtype),
+    mask=jnp.zeros((batch_size, max_len), bool),
+  )
+
+
+def unstack_cache(cache: KVCache) -> KVCache:
+  """The same cache with per-layer key/value arrays (one copy of the cache)."""
+  if isinstance(cache.k, tuple):
+    return cache
+  return KVCache(k=tuple(cache.k), v=tuple(cache.v), mask=cache.mask)
+
+
+def take_rows(cache: KVCache, rows: jax.Array) -> KVCache:
+  """The cache of batch rows `rows` [B'] (int), in that order: one copy of those rows."""
+  if isinstance(cache.k, tuple):
+    take = lambda x: jnp.take(x, rows, axis=0)  # noqa: E731
+    return KVCache(tuple(map(take, cache.k)), tuple(map(take, cache.v)), take(cache.mask))
+  take = lambda x: jnp.take(x, rows, axis=1)  # noqa: E731
+  return KVCache(take(cache.k), take(cache.v), jnp.take(cache.mask, rows, axis=0))
+
+
+def take_group_rows(cache: KVCache, keep: jax.Array) -> KVCache:
+  """`take_rows` within G contiguous groups of batch rows: keep [G, B'] indexes rows of each
+  group of B / G rows; the result has G * B' rows, group-major. A gather batched over the groups,
+  so a batch sharded by groups stays on its devices."""
+  G = keep.shape[0]
+
+  def take(x, axis):
+    grouped = x.reshape(*x.shape[:axis], G, -1, *x.shape[axis + 1 :])
+    out = jax.vmap(lambda y, k: jnp.take(y, k, axis=axis), in_axes=(axis, 0), out_axes=axis)(
+      grouped, keep
+    )
+    return out.reshape(*x.shape[:axis], -1, *x.shape[axis + 1 :])
+
+  if isinstance(cache.k, tuple):
+    k, v = tuple(take(x, 0) for x in cache.k), tuple(take(x, 0) for x in cache.v)
+  else:
+    k, v = take(cache.k, 1), take(cache.v, 1)
+  return KVCache(k, v, take(cache.mask, 0))
+
+
+def self_attention(q, k, v, allowed):
+  """Grouped-query attention over this block's own keys. q [B,S,H,E]; k, v [B,S,K,E];
+  allowed [B,S,S] bool."""
+  B, S, H, E = q.shape
+  K = k.shape[2]
+  qg = q.reshape(B, S, K, H // K, E)
+  scores = jnp.einsum("bskge,btke->bkgst", qg, k, preferred_element_type=jnp.float32)
+  scores = scores * (1.0 / math.sqrt(E))
+  scores = jnp.where(allowed[:, None, None], scores, _NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  out = jnp.einsum("bkgst,btke->bskge", probs, v)
+  return out.reshape(B, S, H * E)
+
+
+def _grouped(q, K):
+  """q [B,S,H,E] -> [B, K, G*S, E]: one KV head's queries as rows (g, s)."""
+  B, S, H, E = q.shape
+  return q.reshape(B, S, K, H // K, E).transpose(0, 2, 3, 1, 4).reshape(B, K, -1, E)
+
+
+def _ungrouped(out, S):
+  """[B, K, G*S, E] -> [B, S, H*E]."""
+  B, K, GS, E = out.shape
+  return out.reshape(B, K, GS // S, S, E).transpose(0, 3, 1, 2, 4).reshape(B, S, -1)
+
+
+def cached_attention(q, k_t, v, allowed):
+  """Grouped-query attention over every slot of a cache layer (dense). q [B,S,H,E];
+  k_t [B,K,E,T] (keys transposed); v [B,K,T,E]; allowed [B,S,T] bool."""
+  B, S, H, E = q.shape
+  K = k_t.shape[1]
+  # Rows (g, s) of one KV head's queries form a plain [G*S, E] @ [E, T] matmul; in a decode step
+  # (S = 1) the transposes are free and XLA:CPU keeps both matmuls on its fast dot path.
+  qg = _grouped(q, K)
+  scores = jnp.einsum("bkqe,bket->bkqt", qg, k_t, preferred_element_type=jnp.float32)
+  scores = scores.reshape(B, K, H // K, S, -1) * (1.0 / math.sqrt(E))
+  scores = jnp.where(allowed[:, None, None], scores, _NEG)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, H // K * S, -1)
+  return _ungrouped(jnp.einsum("bkqt,bkte->bkqe", probs, v), S)
+
+
+def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
+  """`cached_attention` reading only the cache chunks up to the block's last slot.
+
+  Args:
+    q: [B, S, H, E] queries of the block at slots [first_slot, first_slot + S).
+    k_t: [B, K, E, T] keys (transposed); v: [B, K, T, E]. T must be a multiple of `chunk`.
+    kv_mask: [B, T] bool, slot holds a real token (the block's own slots included).
+    first_slot: the block's first slot; query s attends to real slots <= first_slot + s. A
+      Python int (a prefill at slot 0) reads the same chunks as one dense block.
+    chunk: C, slots per chunk (static).
+
+  Returns:
+    [B, S, H*E] in q's dtype. A query with no real slot at all gets zeros from the chunk loop
+    (the dense form gives the mean of the masked values; neither is read: such queries sit on
+    padding).
+  """
+  B, S, H, E = q.shape
+  K, T = k_t.shape[1], k_t.shape[-1]
+  if T % chunk:
+    raise ValueError(f"blocked attention: cache length {T} is not a multiple of chunk={chunk}.")
+  G = H // K
+  q_slots = first_slot + jnp.arange(S)  # [S]
+  if isinstance(first_slot, int):  # a static block (a prefill): its chunks as one dense read
+    end = min(-(-(first_slot + S) // chunk) * chunk, T)
+    allowed = kv_mask[:, None, :end] & (jnp.arange(end)[None, None, :] <= q_slots[None, :, None])
+    return cached_attention(q, k_t[..., :end], v[:, :, :end], allowed)
+  qg = _grouped(q, K)  # [B, K, G*S, E]
+  scale = 1.0 / math.sqrt(E)
+  num_chunks = (first_slot + S + chunk - 1) // chunk  # chunks holding a slot <= the last query's
+
+  def body(c, state):
+    m, l, o = state  # [B, K, G*S], [B, K, G*S], [B, K, G*S, E] float32
+    start = c * chunk
+    k_c = jax.lax.dynamic_slice_in_dim(k_t, start, chunk, axis=3)  # [B, K, E, C]
+    v_c = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=2)  # [B, K, C, E]
+    mask_c = jax.lax.dynamic_slice_in_dim(kv_mask, start, chunk, axis=1)  # [B, C]
+    slots = start + jnp.arange(chunk)
+    allowed = mask_c[:, None, :] & (slots[None, None, :] <= q_slots[None, :, None])  # [B, S, C]
+    allowed = jnp.broadcast_to(allowed[:, None, None], (B, 1, G, S, chunk)).reshape(B, 1, -1, chunk)
+    s = jnp.einsum("bkqe,bket->bkqt", qg, k_c, preferred_element_type=jnp.float32) * scale
+    s = jnp.where(allowed, s, _NEG)
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
+    correction = jnp.exp(m - m_new)
+    l = l * correction + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkqt,bkte->bkqe", p.astype(v.dtype), v_c, preferred_element_type=jnp.float32)
+    return m_new, l, o * correction[..., None] + pv
+
+  init = (
+    jnp.full((B, K, G * S), _NEG, jnp.float32),
+    jnp.zeros((B, K, G * S), jnp.float32),
+    jnp.zeros((B, K, G * S, E), jnp.float32),
+  )
+  _, l, o = jax.lax.fori_loop(0, num_chunks, body, init)
+  out = o / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
+  return _ungrouped(out.astype(q.dtype), S)
