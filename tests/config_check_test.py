@@ -9,6 +9,7 @@ import sys
 
 import ml_collections
 import pytest
+from run_configs import with_fields
 
 from experiments import config_check, config_docs, main, model_io, run_context
 from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
@@ -17,17 +18,7 @@ from experiments.configs import demo as demo_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _with(config, **fields):
-  """A copy of `config` with dotted `fields` ("es.sigma" written es__sigma) set, locked."""
-  c = ml_collections.ConfigDict(config.to_dict())
-  for dotted, value in fields.items():
-    *parents, leaf = dotted.split("__")
-    node = c
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  c.lock()
-  return c
+_with = with_fields  # es__sigma sets es.sigma
 
 
 def test_shipped_configs_pass():

@@ -4,8 +4,8 @@ es_jax.rewards ("module:function", "file.py:function") and the config rules of t
 import csv
 import json
 
-import ml_collections
 import pytest
+from run_configs import with_fields
 from tiny_models import tiny_tokenizer
 
 from es_jax import data, rewards
@@ -98,16 +98,7 @@ def test_user_rewards_by_module_or_file(tmp_path, monkeypatch):
       rewards.get_reward(name)
 
 
-def _with(config, **fields):
-  c = ml_collections.ConfigDict(config.to_dict())
-  for dotted, value in fields.items():
-    *parents, leaf = dotted.split("__")
-    node = c
-    for p in parents:
-      node = node[p]
-    node[leaf] = value
-  c.lock()
-  return c
+_with = with_fields  # es__sigma sets es.sigma
 
 
 def test_file_task_config_rules_and_required_keys():

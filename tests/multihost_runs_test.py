@@ -8,11 +8,17 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
-from run_configs import ROOT, assert_trained, checkpoint_params, named_leaves, smoke_config
+from run_configs import (
+  ROOT,
+  assert_trained,
+  checkpoint_params,
+  named_leaves,
+  smoke_config,
+  wait_for_processes,
+)
 
 from es_jax.checkpoint import Checkpointer
 from experiments import es, grpo, sequential
@@ -89,20 +95,7 @@ def _launch(workdir, method: str, overrides: dict, cache: str) -> None:
     )
     for i in range(2)
   ]
-  start, logs = time.monotonic(), []
-  try:
-    for p in procs:
-      _, err = p.communicate(timeout=max(1.0, DEADLINE_S - (time.monotonic() - start)))
-      logs.append(err.decode(errors="replace"))
-  except subprocess.TimeoutExpired:
-    for p in procs:
-      p.kill()
-    logs = [p.communicate()[1].decode(errors="replace") for p in procs]
-  report = "\n".join(
-    f"--- {method} process {i} (exit {p.returncode}) ---\n{log[-3000:]}"
-    for i, (p, log) in enumerate(zip(procs, logs, strict=True))
-  )
-  assert all(p.returncode == 0 for p in procs), report
+  wait_for_processes(procs, DEADLINE_S, label=f"{method} ", tail=3000)
 
 
 @pytest.mark.parametrize("method", list(RUNS))

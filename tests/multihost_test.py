@@ -6,10 +6,10 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 import multihost_case as case
 import numpy as np
+from run_configs import wait_for_processes
 
 from es_jax import sharding
 
@@ -37,20 +37,7 @@ def _run_workers(tmp_path):
     )
     for i, out in enumerate(outs)
   ]
-  start, logs = time.monotonic(), []
-  try:
-    for p in procs:
-      _, err = p.communicate(timeout=max(1.0, DEADLINE_S - (time.monotonic() - start)))
-      logs.append(err.decode(errors="replace"))
-  except subprocess.TimeoutExpired:
-    for p in procs:
-      p.kill()
-    logs = [p.communicate()[1].decode(errors="replace") for p in procs]
-  report = "\n".join(
-    f"--- process {i} (exit {p.returncode}) stderr ---\n{log[-4000:]}"
-    for i, (p, log) in enumerate(zip(procs, logs, strict=True))
-  )
-  assert all(p.returncode == 0 for p in procs), report
+  wait_for_processes(procs, DEADLINE_S)
   return [dict(np.load(out)) for out in outs]
 
 

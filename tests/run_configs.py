@@ -4,6 +4,8 @@ the checks they share on a finished run directory."""
 import json
 import math
 import os
+import subprocess
+import time
 
 import jax
 import numpy as np
@@ -18,12 +20,10 @@ from experiments.logger import read_metrics
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def smoke_config(module, variant="smoke", **overrides) -> ConfigDict:
-  """`module.get_config(variant)` with progress bars off and `section__field=value` overrides
-  applied, locked as the CLI locks it."""
-  c = ConfigDict(module.get_config(variant).to_dict())
-  c.progress = False
-  for dotted, value in overrides.items():
+def with_fields(config, **fields) -> ConfigDict:
+  """A copy of `config` with `section__field=value` fields set, locked as the CLI locks it."""
+  c = ConfigDict(config.to_dict())
+  for dotted, value in fields.items():
     node = c
     *parents, leaf = dotted.split("__")
     for p in parents:
@@ -31,6 +31,11 @@ def smoke_config(module, variant="smoke", **overrides) -> ConfigDict:
     node[leaf] = value
   c.lock()
   return c
+
+
+def smoke_config(module, variant="smoke", **overrides) -> ConfigDict:
+  """`module.get_config(variant)` with progress bars off and `section__field=value` overrides."""
+  return with_fields(module.get_config(variant), progress=False, **overrides)
 
 
 def finite_metrics(workdir):
@@ -98,3 +103,22 @@ def assert_run_outputs(workdir, ckpt_dir):
   for s in sources.values():
     assert s.get("generator") == "reasoning_gym" or (s["source_dir"] and s["rows"] >= s["used"])
   return rows
+
+
+def wait_for_processes(procs, deadline_s: float, label: str = "", tail: int = 4000) -> None:
+  """Waits for every process (killed past `deadline_s` in all); fails with each one's exit
+  status and stderr tail unless all exited 0."""
+  start, logs = time.monotonic(), []
+  try:
+    for p in procs:
+      _, err = p.communicate(timeout=max(1.0, deadline_s - (time.monotonic() - start)))
+      logs.append(err.decode(errors="replace"))
+  except subprocess.TimeoutExpired:
+    for p in procs:
+      p.kill()
+    logs = [p.communicate()[1].decode(errors="replace") for p in procs]
+  report = "\n".join(
+    f"--- {label}process {i} (exit {p.returncode}) stderr ---\n{log[-tail:]}"
+    for i, (p, log) in enumerate(zip(procs, logs, strict=True))
+  )
+  assert all(p.returncode == 0 for p in procs), report
