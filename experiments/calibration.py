@@ -15,8 +15,12 @@ is measured on the first `diversity.limit` problems of the training pool (`confi
                model's; `success changed`: the share whose verdict (reward >= 1) differs
   JS_succ      n = `diversity.num_samples` samples per member per problem at
                `diversity.temperature` (experiments.diversity.Study), with a bootstrap CI; JS_pol
-  survives     ‖cast(θ + σε) − cast(θ)‖ / ‖σε‖ for member 0: the part of the perturbation left
-               after rounding to the compute dtype (and to bfloat16, the paper's), and σ / RMS(θ)
+  survives     cos(cast(θ + σε) − cast(θ), σε) for member 0: how much of the change the rounded
+               weights carry is the intended perturbation, after rounding to the compute dtype
+               (and to bfloat16, the paper's). 1 when nothing rounds; below 1 when σε is small
+               against the dtype's spacing, where a few weights jump by a whole ulp and the rest
+               do not move (the jumps follow σε on average, so a norm ratio or a projection
+               reads ~1 there too: only the cosine sees the rounding noise); and σ / RMS(θ)
 
 Recommended σ (the rule, also printed under the table): the smallest σ of the grid at which
 (a) at least `diversity.min_changed` of the greedy completions differ from the base model's and
@@ -45,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 def survival(params32, compute_dtype, step_key, sigma: float, spec: noise.NoiseSpec) -> dict:
-  """The share of member 0's perturbation that survives rounding (module docstring)."""
+  """The share of member 0's perturbation that survives rounding (module docstring); cheap
+  (no decoding), so `run` recomputes it for every row instead of caching it."""
   leaves = jax.tree.leaves(params32)
   size = sum(p.size for p in leaves)
   rms = float(jnp.sqrt(sum(jnp.sum(jnp.square(p)) for p in leaves) / size))
@@ -53,12 +58,14 @@ def survival(params32, compute_dtype, step_key, sigma: float, spec: noise.NoiseS
   @jax.jit
   def kept(p_tree, s, probe):
     member = members.perturb_member(p_tree, step_key, 0, s, spec)
-    num = den = 0.0
+    dot = applied_sq = intended_sq = 0.0
     for p, m in zip(jax.tree.leaves(p_tree), jax.tree.leaves(member), strict=True):
-      rounded = m.astype(probe.dtype).astype(jnp.float32) - p.astype(probe.dtype)
-      num = num + jnp.sum(jnp.square(rounded))
-      den = den + jnp.sum(jnp.square(m - p))
-    return jnp.sqrt(num / den)
+      applied = m.astype(probe.dtype).astype(jnp.float32) - p.astype(probe.dtype)
+      intended = m - p  # σε as the float32 member carries it
+      dot = dot + jnp.sum(applied * intended)
+      applied_sq = applied_sq + jnp.sum(jnp.square(applied))
+      intended_sq = intended_sq + jnp.sum(jnp.square(intended))
+    return dot / jnp.sqrt(applied_sq * intended_sq)
 
   s = jnp.float32(sigma)
   return {
@@ -183,7 +190,8 @@ def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
       f"Rule: the smallest σ with changed ≥ {d.min_changed:g} and fitness mean − base ≥ "
       f"−{d.fitness_tolerance:g}. 'changed': share of (member, problem) greedy completions whose "
       "text differs from the base model's; 'success changed': whose verdict differs. 'survives': "
-      "‖cast(θ+σε) − cast(θ)‖/‖σε‖ of member 0 after rounding to the compute dtype / to bfloat16.",
+      "cos(cast(θ+σε) − cast(θ), σε) of member 0 after rounding to the compute dtype / to "
+      "bfloat16 (1: the rounded weights carry the perturbation as intended).",
       "",
     ]
   )
@@ -212,14 +220,17 @@ def base_answers(source, examples, score, max_new_tokens: int) -> dict[str, Any]
   return {"ids": ids, "mask": mask, "decoding": greedy, "rewards": rewards_, "texts": texts}
 
 
-def measure_sigma(config, source, params32, base, examples, score, sigma: float, key) -> dict:
-  """One σ's row of the table (module docstring); `key` draws the sampled completions."""
+def _with_sigma(config, sigma: float) -> ml_collections.ConfigDict:
   sub = ml_collections.ConfigDict(config.to_dict())
   sub.diversity.sigma = sigma
-  study = diversity.Study(sub, source)
+  return sub
+
+
+def measure_sigma(config, source, params32, base, examples, score, sigma: float, key) -> dict:
+  """One σ's row of the table (module docstring); `key` draws the sampled completions."""
+  study = diversity.Study(_with_sigma(config, sigma), source)
   spec = study.spec  # the population's noise, as the study samples it
   row = {"sigma": sigma, "members": study.members}
-  row.update(survival(params32, source["model_config"].jnp_dtype, source["step_key"], sigma, spec))
   row.update(greedy_row(study, spec, base, examples, sigma, score))
   sampled = study.measure("es", examples, key)
   row.update({k: sampled[k] for k in ("js_succ", "js_succ_ci", "js_pol", "pass@1", "counts")})
@@ -258,6 +269,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       done[sigma] = measure_sigma(config, source, params32, base, examples, score, sigma, key_j)
       eval_results.write_json(partial, list(done.values()))
     rows.append(done[sigma])
+  dtype = source["model_config"].jnp_dtype
+  for row in rows:  # survival is never cached: a rerun over finished σ rebuilds the table
+    spec = diversity.Study(_with_sigma(config, row["sigma"]), source).spec
+    row.update(survival(params32, dtype, source["step_key"], row["sigma"], spec))
   sigma, note = recommend(rows, float(d.min_changed), float(d.fitness_tolerance))
   base_fitness = float(base["rewards"].mean())
   eval_results.write_json(

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from run_configs import checkpoint_params, smoke_config
 
 from es_jax import es, metrics, noise
@@ -125,4 +126,21 @@ def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, m
   table = json.load(open(tmp_path / "calibration" / "table.json"))
   assert (
     table["rows"][0] == partial[0] and result["recommended_sigma"] == table["recommended_sigma"]
+  )
+
+
+def test_survival_is_the_cosine_of_the_rounded_change_with_the_perturbation(key):
+  # Weights near 1 (a bfloat16 ulp of 2**-7): a perturbation far below the ulp mostly rounds
+  # to noise (a few whole-ulp jumps), one far above it survives; float32 keeps both.
+  params = {"w": 1.0 + 0.1 * jax.random.uniform(key, (64, 48)), "b": jnp.ones((48,))}
+  spec = noise.NoiseSpec(population_size=2)
+  small = calibration.survival(params, jnp.float32, key, 1e-4, spec)
+  assert abs(small["survives_compute"] - 1.0) < 1e-3
+  # Expected cosine sqrt(E[δ²] / (ulp·E|δ|)) ≈ 0.13 here; the norm ratio it replaced read > 1.
+  assert small["survives_bf16"] < 0.3
+  large = calibration.survival(params, jnp.bfloat16, key, 1e-1, spec)
+  assert large["survives_compute"] > 0.95 and large["survives_bf16"] > 0.95
+  assert large["relative_sigma"] == pytest.approx(
+    1e-1 / float(jnp.sqrt(jnp.mean(jnp.concatenate([jnp.ravel(params["w"]), params["b"]]) ** 2))),
+    rel=1e-5,
   )
