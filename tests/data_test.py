@@ -114,14 +114,14 @@ def test_preparing_prints_nothing_and_bars_follow_progress(tmp_path, capsys, mon
   # Nothing is downloaded: no TFDS "Downloading ..." / "downloaded and prepared" lines on stdout,
   # no warning about the missing directory; the bars (on a terminal) only with progress=True,
   # and TFDS's global switch is restored after.
-  from es_jax.data import builders
+  from es_jax.data import prepared
 
   write(tmp_path / "src/test.jsonl", jsonl(GSM8K_ROWS))
-  monkeypatch.setattr(builders.sys.stderr, "isatty", lambda: True, raising=False)
+  monkeypatch.setattr(prepared.sys.stderr, "isatty", lambda: True, raising=False)
   shown = []
-  real = builders.tfds.display_progress_bar
+  real = prepared.tfds.display_progress_bar
   monkeypatch.setattr(
-    builders.tfds, "display_progress_bar", lambda on: shown.append(on) or real(on)
+    prepared.tfds, "display_progress_bar", lambda on: shown.append(on) or real(on)
   )
   capsys.readouterr()
   with _no_warnings():
@@ -183,7 +183,7 @@ def test_limit_beyond_the_data_warns(tmp_path):
 def test_concurrent_preparations_of_two_sources_do_not_mix(tmp_path):
   import concurrent.futures
 
-  from es_jax.data import builders
+  from es_jax.data import prepared
 
   rows = {d: [{"question": f"{d}{i}", "answer": f"#### {i}"} for i in range(20)] for d in "ab"}
   for d, r in rows.items():
@@ -191,7 +191,7 @@ def test_concurrent_preparations_of_two_sources_do_not_mix(tmp_path):
   tfds_dir = str(tmp_path / "tfds")
   with concurrent.futures.ThreadPoolExecutor(2) as pool:
     futures = {
-      d: pool.submit(builders.prepare, "gsm8k", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+      d: pool.submit(prepared.prepare, "gsm8k", data_dir=tfds_dir, source_dir=str(tmp_path / d))
       for d in "ab"
     }
     for f in futures.values():

@@ -3,7 +3,8 @@
 Three kinds of task:
   - datasets read from the original files the user downloaded once (gsm8k, deepscaler, math500,
     aime24, aime25, amc23, countdown, csqa, gpqa, hotpotqa, mbpp), prepared by TFDS builders into
-    array_record files and read with `as_data_source` (no TensorFlow; see `builders`);
+    array_record files and read with `as_data_source` (no TensorFlow; see `builders` and
+    `prepared`);
   - "reasoning_gym/<task>" problems generated offline by reasoning-gym (see `gym`);
   - "file": your own question/answer file (JSONL, JSON, CSV, Parquet), `load_file_task` (see
     `files`).
@@ -169,39 +170,46 @@ def load_task(
   if gym.is_gym_task(name):
     if source_dir is not None:
       raise ValueError(f"load_task: {name} is generated, not read from files; drop source_dir")
-    task = name[len(gym.PREFIX) :]
-    size = DEFAULT_GYM_SIZE if limit is None else limit
-    dataset = gym.create_gym_dataset(task, split, size=size, seed=seed, config=task_config)
-    return TaskExamples(
-      task=name,
-      split=split,
-      length=size,
-      get=lambda i: gym.gym_example(dataset, i, task=task, split=split),
-      source={"generator": "reasoning_gym", "seed": seed, "rows": size, "limit": limit},
-    )
+    return _gym_task(name, split, limit=limit, seed=seed, task_config=task_config)
   if name not in TASKS:
     raise ValueError(
       f"load_task: unknown task {name!r}; known: {', '.join(TASKS)}, or 'reasoning_gym/<task>'"
     )
   if task_config:
     raise ValueError(f"load_task: task_config is for reasoning_gym tasks only, not {name!r}")
-  from es_jax.data import builders  # imports tensorflow_datasets (module docstring)
+  from es_jax.data import prepared  # imports tensorflow_datasets (module docstring)
 
-  builder = builders.prepare(name, data_dir=data_dir, source_dir=source_dir, progress=progress)
+  builder = prepared.prepare(name, data_dir=data_dir, source_dir=source_dir, progress=progress)
+  return _prepared_task(builder, name, split, limit=limit, seed=seed, on_bad_row=on_bad_row)
+
+
+def _gym_task(name, split, *, limit, seed, task_config) -> TaskExamples:
+  """`limit` reasoning-gym problems (None: `DEFAULT_GYM_SIZE`), generated offline."""
+  task = name[len(gym.PREFIX) :]
+  size = DEFAULT_GYM_SIZE if limit is None else limit
+  dataset = gym.create_gym_dataset(task, split, size=size, seed=seed, config=task_config)
+  return TaskExamples(
+    task=name,
+    split=split,
+    length=size,
+    get=lambda i: gym.gym_example(dataset, i, task=task, split=split),
+    source={"generator": "reasoning_gym", "seed": seed, "rows": size, "limit": limit},
+  )
+
+
+def _bad_rows(builder, name: str, split: str, on_bad_row: str) -> tuple[int, list[BadRowError]]:
+  """(count, the stored `BadRowError`s) of a prepared split; raises the first one with
+  on_bad_row="raise", and refuses a split that was never prepared."""
+  from es_jax.data import builders
+
   metadata = builder.info.metadata
-  origin = {
-    "source_dir": metadata.get("source_dir"),
-    "prepared_dir": str(builder.data_dir),
-    "files": metadata.get("sources", {}).get(split, []),
-    "limit": limit,
-  }
   num_bad = metadata.get("num_bad_rows", {}).get(split, 0)
   bad_rows = [BadRowError.from_dict(r) for r in metadata.get("bad_rows", {}).get(split, [])]
-  prepared = set(builder.info.splits.keys())
-  if split not in prepared and split not in metadata.get("num_bad_rows", {}):
+  splits = set(builder.info.splits.keys())
+  if split not in splits and split not in metadata.get("num_bad_rows", {}):
     raise ValueError(
       f"load_task: {name} has no split {split!r} in {builder.data_dir} (prepared: "
-      f"{sorted(prepared)}); a split is prepared when its file exists in source_dir: "
+      f"{sorted(splits)}); a split is prepared when its file exists in source_dir: "
       f"{builders.expected_files(name)}"
     )
   if num_bad and on_bad_row == "raise":
@@ -218,7 +226,22 @@ def load_task(
       num_bad,
       bad_rows[0] if bad_rows else "",
     )
-  if split not in prepared:  # The split's files hold no valid row.
+  return num_bad, bad_rows
+
+
+def _prepared_task(builder, name, split, *, limit, seed, on_bad_row) -> TaskExamples:
+  """The examples of split `split` of a prepared file-backed dataset (`load_task`)."""
+  from es_jax.data import builders, prepared
+
+  metadata = builder.info.metadata
+  origin = {
+    "source_dir": metadata.get("source_dir"),
+    "prepared_dir": str(builder.data_dir),
+    "files": metadata.get("sources", {}).get(split, []),
+    "limit": limit,
+  }
+  num_bad, bad_rows = _bad_rows(builder, name, split, on_bad_row)
+  if split not in set(builder.info.splits.keys()):  # The split's files hold no valid row.
     if not num_bad:
       raise ValueError(f"load_task: {name}/{split} has no rows ({builders.expected_files(name)})")
     return TaskExamples(
@@ -238,10 +261,10 @@ def load_task(
       f"{origin['source_dir']}); using {len(source)}."
     )
     log.warning(message)
-    warnings.warn(message, DataSmallerThanLimitWarning, stacklevel=2)
+    warnings.warn(message, DataSmallerThanLimitWarning, stacklevel=3)  # load_task's caller
 
   def get(index: int) -> dict[str, Any]:
-    return formats.finalize(name, builders.to_python(source[index]), seed=seed)
+    return formats.finalize(name, prepared.to_python(source[index]), seed=seed)
 
   return TaskExamples(
     task=name,

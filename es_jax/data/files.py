@@ -111,6 +111,28 @@ def _sha256(path: str) -> str:
   return digest.hexdigest()
 
 
+def _read_examples(path: str, *, limit: int | None, on_bad_row: str, **fields):
+  """(examples, bad rows) of `path` in file order, up to `limit` examples; `fields` are
+  `file_example`'s field names, template and reward. Raises the first bad row with
+  on_bad_row="raise"."""
+  unit, rows = read_rows(Path(path))
+  examples, bad = [], []
+  name = os.path.basename(path)
+  for line, row in rows:
+    if limit is not None and len(examples) >= limit:
+      break
+    try:
+      if isinstance(row, FieldError):
+        raise row
+      examples.append(file_example(row, fallback_id=f"{name}:{line}", **fields))
+    except FieldError as e:
+      error = BadRowError(path=path, line=line, unit=unit, field=e.field, reason=e.reason)
+      if on_bad_row == "raise":
+        raise error from None
+      bad.append(error)
+  return examples, bad
+
+
 def load_file_task(
   path: str,
   *,
@@ -140,8 +162,9 @@ def load_file_task(
 
   Raises:
     FileNotFoundError: no such file.
-    BadRowError: a bad row with on_bad_row="raise", or a file without a single good row.
-    ValueError: an unsupported file type or a bad prompt template.
+    BadRowError: a bad row with on_bad_row="raise".
+    ValueError: a file without a single good row, an unsupported file type or a bad prompt
+      template.
   """
   from es_jax.data import DataSmallerThanLimitWarning, TaskExamples
 
@@ -154,30 +177,15 @@ def load_file_task(
     )
   if prompt_template:
     template_fields(prompt_template)  # a broken template fails once, before any row
-  unit, rows = read_rows(Path(path))
-  examples, bad = [], []
-  name = os.path.basename(path)
-  for line, row in rows:
-    if limit is not None and len(examples) >= limit:
-      break
-    try:
-      if isinstance(row, FieldError):
-        raise row
-      examples.append(
-        file_example(
-          row,
-          fallback_id=f"{name}:{line}",
-          question_field=question_field,
-          answer_field=answer_field,
-          prompt_template=prompt_template,
-          reward=reward,
-        )
-      )
-    except FieldError as e:
-      error = BadRowError(path=path, line=line, unit=unit, field=e.field, reason=e.reason)
-      if on_bad_row == "raise":
-        raise error from None
-      bad.append(error)
+  examples, bad = _read_examples(
+    path,
+    question_field=question_field,
+    answer_field=answer_field,
+    prompt_template=prompt_template,
+    reward=reward,
+    limit=limit,
+    on_bad_row=on_bad_row,
+  )
   if bad:
     log.warning("%s: skipped %d bad row(s); first: %s", path, len(bad), bad[0])
   if not examples:
