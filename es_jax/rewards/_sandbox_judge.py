@@ -4,8 +4,10 @@ Started by `run_sandboxed` as `python -I -S _sandbox_judge.py CONFIG`, normally 
 PID 1 of fresh network, PID, mount and IPC namespaces (plus a user namespace when not root).
 CONFIG (limits, mode, directories; nothing secret) is in the argument vector; the program, setup
 and tests come on stdin, read only after the program process has been forked; the verdict goes
-to stdout. All three use the small codec below (`dumps`/`loads`): plain data only, parsed by
-hand, so nothing the program sends is ever evaluated.
+to stdout. All three use the codec of `_sandbox_wire.py`: plain data only, parsed by hand, so
+nothing the program sends is ever evaluated. The confinement of steps 1-2 below (root,
+privileges, rlimits, speed bumps) is `_sandbox_confine.py`. Both files are loaded by path from
+this file's directory (`-I` leaves it off sys.path), before the program process is forked.
 
 What it does (isolated modes, "root" and "userns"):
   1. Builds the program's root in a private tmpfs: read-only, nosuid bind mounts of /usr (and
@@ -41,226 +43,33 @@ runs as the caller in its own session in `workdir`, with the rlimits only.
 """
 
 import builtins
-import ctypes
 import fcntl
 import importlib
+import importlib.util
 import io
 import os
-import resource
 import select
 import signal
 import sys
 import time
 
-NOBODY = 65534
-ROOT = "/tmp"  # mount point (in this mount namespace) of the program's root
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
-_MS_REMOUNT, _MS_BIND, _MS_REC, _MS_PRIVATE = 32, 4096, 16384, 1 << 18
-_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
-_CLONE_NEWUSER = 0x10000000
-_PR_SET_DUMPABLE, _PR_SET_NO_NEW_PRIVS = 4, 38
-_MAX_MESSAGE = 8 << 20
-_MAX_DEPTH = 100
+
+def _load_beside(name: str):
+  """`name`.py of this file's directory, loaded by path (nothing of es_jax is imported)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+wire = _load_beside("_sandbox_wire")
+confine = _load_beside("_sandbox_confine")  # before the fork: nothing is imported after chroot
 # Standard-library modules the program may import that the tests may use by the same name; these
 # are imported here (trusted code). Modules with import-time side effects are left out.
 _NO_IMPORT = {"antigravity", "this", "idlelib", "turtle", "turtledemo", "tkinter", "webbrowser"}
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mount.argtypes = [
-  ctypes.c_char_p,
-  ctypes.c_char_p,
-  ctypes.c_char_p,
-  ctypes.c_ulong,
-  ctypes.c_char_p,
-]
-
-
-def _check(result: int, what: str) -> None:
-  if result != 0:
-    errno = ctypes.get_errno()
-    raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def _mount(source, target, fstype, flags, data=None):
-  enc = lambda s: None if s is None else s.encode()  # noqa: E731
-  _check(_libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
-
-
-def _bind_read_only(source: str, target: str) -> None:
-  try:
-    _mount(source, target, None, _MS_BIND)
-  except OSError:  # a user namespace refuses a non-recursive bind over locked submounts
-    _mount(source, target, None, _MS_BIND | _MS_REC)
-  # Keep the source's flags that a user namespace may not clear (atime, noexec); add ro/nosuid.
-  st = os.statvfs(source).f_flag
-  flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY | _MS_NOSUID | _MS_NODEV
-  for st_flag, ms_flag in (
-    (8, _MS_NOEXEC),
-    (1024, _MS_NOATIME),
-    (2048, _MS_NODIRATIME),
-    (4096, _MS_RELATIME),
-  ):
-    if st & st_flag:
-      flags |= ms_flag
-  _mount(None, target, None, flags)
-
-
-def build_root(binds: list[str], tmp_bytes: int, tmp_files: int) -> None:
-  """The program's filesystem: see the module docstring, step 1."""
-  _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
-  _mount("sandbox", ROOT, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-  for path in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", *binds):
-    if not os.path.lexists(path) or os.path.lexists(ROOT + path):
-      continue
-    if os.path.islink(path) and os.path.dirname(path) == "/":
-      os.symlink(os.readlink(path), ROOT + path)  # merged /usr: /bin -> usr/bin
-    elif os.path.isdir(path):
-      os.makedirs(ROOT + path)
-      _bind_read_only(path, ROOT + path)
-  os.makedirs(ROOT + "/dev")
-  with open(ROOT + "/dev/null", "w"):
-    pass
-  try:
-    _bind_read_only("/dev/null", ROOT + "/dev/null")
-  except OSError:
-    pass  # programs that open os.devnull fail; nothing else needs it
-  os.makedirs(ROOT + "/tmp")
-  options = f"size={tmp_bytes},nr_inodes={tmp_files},mode=1777"
-  _mount("sandbox-tmp", ROOT + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, options)
-  _mount(None, ROOT, None, _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-
-
-def _enter_nested_user_namespace() -> None:
-  """In a user namespace of our own, map uid/gid 65534 to ours: after setresuid(65534) the
-  program holds no capability in any namespace (so no chroot escape, remount or ptrace)."""
-  _check(_libc.unshare(_CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
-  for name, text in (
-    ("setgroups", "deny"),
-    ("uid_map", f"{NOBODY} 0 1"),
-    ("gid_map", f"{NOBODY} 0 1"),
-  ):
-    with open(f"/proc/self/{name}", "w") as f:
-      f.write(text)
-
-
-# --------------------------------------------------------------------------------------- codec
-# One value per message: N None, T/F bools, i<hex>; int, f<repr>; float, c<re>,<im>; complex,
-# b<hex>; bytes, h<id>; handle, s<n>:<n chars> str, and l/t/S/z/d<n>: list, tuple, set,
-# frozenset, dict (n items, or n key-value pairs). Exact types only: subclasses are handles.
-
-
-def dumps(value, handle) -> str:
-  """`value` as codec text; `handle(obj)` gives the id of anything that is not plain data."""
-  out = []
-  _dump(value, handle, out, 0)
-  return "".join(out)
-
-
-def _dump(value, handle, out, depth):
-  kind = type(value)
-  if value is None:
-    out.append("N")
-  elif kind is bool:
-    out.append("T" if value else "F")
-  elif kind is int:
-    out.append(f"i{value:#x};")
-  elif kind is float:
-    out.append(f"f{value!r};")
-  elif kind is str:
-    out.append(f"s{len(value)}:{value}")
-  elif kind is complex:
-    out.append(f"c{value.real!r},{value.imag!r};")
-  elif kind is bytes:
-    out.append(f"b{value.hex()};")
-  elif kind in (list, tuple, set, frozenset, dict) and depth < _MAX_DEPTH:
-    tag = {list: "l", tuple: "t", set: "S", frozenset: "z", dict: "d"}[kind]
-    out.append(f"{tag}{len(value)}:")
-    for item in value.items() if kind is dict else value:
-      for part in item if kind is dict else (item,):
-        _dump(part, handle, out, depth + 1)
-  else:
-    out.append(f"h{int(handle(value))};")
-
-
-def loads(text: str, resolve=None):
-  """The value in codec text; `resolve(id)` turns a handle into an object (None: refused)."""
-  value, end = _load(text, 0, resolve, 0)
-  if end != len(text):
-    raise ValueError("codec: trailing data")
-  return value
-
-
-def _load(text, i, resolve, depth):
-  if depth > _MAX_DEPTH + 1:
-    raise ValueError("codec: nested too deeply")
-  tag, i = text[i], i + 1
-  if tag in "NTF":
-    return {"N": None, "T": True, "F": False}[tag], i
-  if tag in "ifcbh":
-    end = text.index(";", i)
-    body, i = text[i:end], end + 1
-    if tag == "i":
-      return int(body, 16), i
-    if tag == "f":
-      return float(body), i
-    if tag == "c":
-      real, imag = body.split(",")
-      return complex(float(real), float(imag)), i
-    if tag == "b":
-      return bytes.fromhex(body), i
-    if resolve is None:
-      raise ValueError("codec: unexpected handle")
-    return resolve(int(body)), i
-  if tag not in "sltSzd":
-    raise ValueError(f"codec: bad tag {tag!r}")
-  end = text.index(":", i)
-  count, i = int(text[i:end]), end + 1
-  if not 0 <= count <= len(text) - i:
-    raise ValueError("codec: bad length")
-  if tag == "s":
-    return text[i : i + count], i + count
-  items = []
-  for _ in range(2 * count if tag == "d" else count):
-    item, i = _load(text, i, resolve, depth + 1)
-    items.append(item)
-  if tag == "d":
-    return dict(zip(items[::2], items[1::2], strict=True)), i
-  return {"l": list, "t": tuple, "S": set, "z": frozenset}[tag](items), i
-
-
-def write_message(fd: int, text: str) -> None:
-  """One length-prefixed message (blocking fd)."""
-  data = text.encode("utf-8", "surrogatepass")
-  data = memoryview(b"%d\n" % len(data) + data)
-  while data:
-    data = data[os.write(fd, data) :]
-
-
-def read_message(fd: int) -> str | None:
-  """One message from a blocking fd; None at end of file."""
-  buffer = b""
-  while b"\n" not in buffer:
-    chunk = os.read(fd, 1 << 16)
-    if not chunk:
-      return None
-    buffer += chunk
-  size, _, data = buffer.partition(b"\n")
-  size = int(size)
-  if size > _MAX_MESSAGE:
-    raise ValueError("message too large")
-  while len(data) < size:
-    chunk = os.read(fd, min(1 << 20, size - len(data)))
-    if not chunk:
-      return None
-    data += chunk
-  return data.decode("utf-8", "surrogatepass")
-
-
 # -------------------------------------------------------------------------------- program side
-
-
-def _no_handle(value):
-  raise TypeError(f"cannot pass a {type(value).__name__} to the program")
 
 
 def serve(limits: list[int]) -> None:
@@ -269,19 +78,7 @@ def serve(limits: list[int]) -> None:
   fd 0: requests from the judge (one at a time, so plain blocking reads), 1 and 2: output,
   3: replies. Runs setup + program, then answers requests with plain data or handles.
   """
-  cpu, memory, file_bytes = limits
-  for limit, value in (
-    (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-    (resource.RLIMIT_AS, (memory, memory)),
-    (resource.RLIMIT_FSIZE, (file_bytes, file_bytes)),
-    (resource.RLIMIT_NOFILE, (64, 64)),
-    (resource.RLIMIT_CORE, (0, 0)),
-    (resource.RLIMIT_NPROC, (0, 0)),  # no fork or thread (root ignores it: unsafe mode only)
-  ):
-    try:
-      resource.setrlimit(limit, value)
-    except (ValueError, OSError):
-      pass
+  confine.set_limits(limits)
   sys.stdin = io.StringIO("")
   handles = []
 
@@ -291,99 +88,76 @@ def serve(limits: list[int]) -> None:
 
   def reply(ok, value):
     try:
-      text = dumps({"ok": ok, "v": value}, handle)
+      text = wire.dumps({"ok": ok, "v": value}, handle)
     except BaseException as e:  # noqa: BLE001 - e.g. MemoryError, RecursionError
-      text = dumps({"ok": False, "v": f"{type(e).__name__} while encoding the result"}, None)
+      text = wire.dumps({"ok": False, "v": f"{type(e).__name__} while encoding the result"}, None)
     for stream in (sys.stdout, sys.stderr):
       try:
         stream.flush()
       except BaseException:  # noqa: BLE001
         pass
-    write_message(3, text)
+    wire.write_message(3, text)
 
-  def error(e):
-    return f"{type(e).__name__}: {str(e)[:500]}"
-
-  source = loads(read_message(0))
-  # Speed bumps only (the namespaces, root and uid around this process are the boundary): the
-  # usual ways to reach the network or start processes fail early with a clear error.
-  for name in (
-    "socket",
-    "_socket",
-    "ssl",
-    "_ssl",
-    "select",
-    "selectors",
-    "ctypes",
-    "_ctypes",
-    "subprocess",
-    "_posixsubprocess",
-    "multiprocessing",
-    "_multiprocessing",
-    "pty",
-  ):
-    sys.modules[name] = None
-  for name in (
-    "fork",
-    "forkpty",
-    "system",
-    "popen",
-    "kill",
-    "killpg",
-    "execv",
-    "execve",
-    "posix_spawn",
-    "posix_spawnp",
-    "setsid",
-  ):
-    if hasattr(os, name):
-      delattr(os, name)
-  namespace = {"__name__": "__main__", "__builtins__": builtins}
-  absent = object()
+  source = wire.loads(wire.read_message(0))
+  confine.add_speed_bumps()
   try:
-    exec(compile(source["setup"], "setup.py", "exec"), namespace)
-    before = dict(namespace)
-    exec(compile(source["program"], "solution.py", "exec"), namespace)
-    names, modules = {}, {}
-    for name, value in list(namespace.items()):
-      if name.startswith("__") or before.get(name, absent) is value:
-        continue
-      if type(value) is type(os):
-        modules[name] = str(value.__name__)
-      else:
-        names[name] = value
-    reply(True, {"names": names, "modules": modules})
+    reply(True, _run_program(source))
   except BaseException as e:  # noqa: BLE001 - the program's own failure, reported
-    reply(False, error(e))
+    reply(False, _error(e))
     os._exit(1)
   while True:
     try:
-      text = read_message(0)
+      text = wire.read_message(0)
       if text is None:
         break
-      request = loads(text, handles.__getitem__)
-      op, target = request["op"], request.get("target")
-      if op == "call":
-        value = target(*request["args"], **request["kwargs"])
-      elif op == "attr":
-        value = getattr(target, request["name"])
-      elif op == "iter":
-        value = list(target)
-      elif op == "getitem":
-        value = target[request["key"]]
-      elif op == "contains":
-        value = bool(request["key"] in target)
-      elif op == "len":
-        value = int(len(target))
-      elif op == "bool":
-        value = bool(target)
-      else:  # "str"
-        value = str(target)
-        value = str.__str__(value) if isinstance(value, str) else ""
-      reply(True, value)
+      reply(True, _answer(wire.loads(text, handles.__getitem__)))
     except BaseException as e:  # noqa: BLE001 - includes SystemExit from the program
-      reply(False, error(e))
+      reply(False, _error(e))
   os._exit(0)
+
+
+def _error(e: BaseException) -> str:
+  return f"{type(e).__name__}: {str(e)[:500]}"
+
+
+def _run_program(source: dict) -> dict:
+  """Runs setup + program: {"names": the program's new names (value or handle), "modules": the
+  modules it bound, by name}."""
+  namespace = {"__name__": "__main__", "__builtins__": builtins}
+  absent = object()
+  exec(compile(source["setup"], "setup.py", "exec"), namespace)
+  before = dict(namespace)
+  exec(compile(source["program"], "solution.py", "exec"), namespace)
+  names, modules = {}, {}
+  for name, value in list(namespace.items()):
+    if name.startswith("__") or before.get(name, absent) is value:
+      continue
+    if type(value) is type(os):
+      modules[name] = str(value.__name__)
+    else:
+      names[name] = value
+  return {"names": names, "modules": modules}
+
+
+def _answer(request: dict):
+  """The value a request of the judge asks for: an operation on an object of the program."""
+  op, target = request["op"], request.get("target")
+  if op == "call":
+    return target(*request["args"], **request["kwargs"])
+  if op == "attr":
+    return getattr(target, request["name"])
+  if op == "iter":
+    return list(target)
+  if op == "getitem":
+    return target[request["key"]]
+  if op == "contains":
+    return bool(request["key"] in target)
+  if op == "len":
+    return int(len(target))
+  if op == "bool":
+    return bool(target)
+  value = str(target)  # "str"
+  return str.__str__(value) if isinstance(value, str) else ""
 
 
 def _high(fd: int) -> int:
@@ -410,15 +184,7 @@ def start_program(config: dict) -> tuple[int, int, int, int]:
         os.setsid()
         os.chdir(home)
       else:
-        if mode == "userns":
-          _enter_nested_user_namespace()
-        os.chroot(ROOT)
-        os.chdir("/tmp")
-        if mode == "root":
-          os.setgroups([])
-        os.setresgid(NOBODY, NOBODY, NOBODY)
-        os.setresuid(NOBODY, NOBODY, NOBODY)
-        _check(_libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(NO_NEW_PRIVS)")
+        confine.enter_root(mode)
       serve([int(v) for v in config["limits"]])
     except BaseException as e:  # noqa: BLE001
       os.write(2, f"sandbox: program process setup failed: {e}\n".encode())
@@ -513,7 +279,7 @@ class Program:
         raise _Stop("failed", "malformed reply from the program")
       self._read_some()
     size, _, rest = self._buffer.partition(b"\n")
-    if not size.isdigit() or int(size) > _MAX_MESSAGE:
+    if not size.isdigit() or int(size) > wire.MAX_MESSAGE:
       raise _Stop("failed", "malformed or oversized reply from the program")
     size = int(size)
     self._buffer = rest
@@ -521,13 +287,13 @@ class Program:
       self._read_some()
     data, self._buffer = self._buffer[:size], self._buffer[size:]
     try:
-      reply = loads(data.decode("utf-8", "surrogatepass"), lambda ref: Proxy(self, ref))
+      reply = wire.loads(data.decode("utf-8", "surrogatepass"), lambda ref: Proxy(self, ref))
       return bool(reply["ok"] is True), reply["v"]
     except (ValueError, KeyError, TypeError, IndexError, RecursionError, MemoryError) as e:
       raise _Stop("failed", f"malformed reply from the program ({type(e).__name__})") from None
 
   def request(self, **message):
-    self.send(dumps(message, _proxy_ref))
+    self.send(wire.dumps(message, _proxy_ref))
     ok, value = self.receive()
     if not ok:
       raise ProgramError(str(value))
@@ -560,7 +326,7 @@ class Program:
 def _proxy_ref(value):
   if type(value) is Proxy:
     return object.__getattribute__(value, "_ref")
-  return _no_handle(value)
+  return wire.no_handle(value)
 
 
 class Proxy:
@@ -620,7 +386,9 @@ def judge(request: dict, program: Program) -> tuple[str, str]:
   """(status, detail): runs the tests here against the program's names."""
   namespace = {"__name__": "__main__", "__builtins__": builtins}
   exec(compile(request["setup"], "setup.py", "exec"), namespace)
-  program.send(dumps({"setup": request["setup"], "program": request["program"]}, _no_handle))
+  program.send(
+    wire.dumps({"setup": request["setup"], "program": request["program"]}, wire.no_handle)
+  )
   ok, init = program.receive()
   if not ok or type(init) is not dict:
     return "failed", str(init)
@@ -642,13 +410,13 @@ def judge(request: dict, program: Program) -> tuple[str, str]:
 
 
 def main() -> None:
-  config = loads(sys.argv[1])
+  config = wire.loads(sys.argv[1])
   if config["mode"] != "unsafe":
-    _check(_libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0), "prctl(DUMPABLE)")
-    build_root(config["binds"], int(config["tmp_bytes"]), int(config["tmp_files"]))
+    confine.make_non_dumpable()
+    confine.build_root(config["binds"], int(config["tmp_bytes"]), int(config["tmp_files"]))
   deadline = time.monotonic() + float(config["timeout"])
   program = Program(*start_program(config), deadline, int(config["max_output"]))
-  request = loads(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
+  request = wire.loads(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
   try:
     status, detail = judge(request, program)
   except _Stop as e:
@@ -658,7 +426,7 @@ def main() -> None:
   if detail:
     output += ("\n" if output and not output.endswith("\n") else "") + detail + "\n"
   verdict = {"status": status, "returncode": returncode, "output": output}
-  sys.stdout.write(dumps(verdict, _no_handle))
+  sys.stdout.write(wire.dumps(verdict, wire.no_handle))
   sys.stdout.flush()
 
 

@@ -36,7 +36,7 @@ import time
 import warnings
 from typing import NamedTuple
 
-from es_jax.rewards import _sandbox_judge as _wire
+from es_jax.rewards import _sandbox_wire as _wire
 from es_jax.rewards import verifier
 
 _JUDGE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_judge.py")
@@ -66,7 +66,7 @@ def _binds() -> list[str]:
 
 
 def _launcher(mode: str, config: dict) -> list[str]:
-  judge = [sys.executable, "-I", "-S", _JUDGE_PATH, _wire.dumps(config, _wire._no_handle)]
+  judge = [sys.executable, "-I", "-S", _JUDGE_PATH, _wire.dumps(config, _wire.no_handle)]
   if mode == "unsafe":
     return judge
   unshare = shutil.which("unshare", path="/usr/bin:/bin:/usr/sbin:/sbin") or "unshare"
@@ -106,7 +106,7 @@ def _run(mode: str, config: dict, request: dict, timeout_s: float) -> tuple[str,
       shutil.rmtree(workdir, ignore_errors=True)
     return "failed", None, f"sandbox: cannot start {command[0]}: {e}"
   try:
-    payload = _wire.dumps(request, _wire._no_handle).encode("utf-8", "surrogatepass")
+    payload = _wire.dumps(request, _wire.no_handle).encode("utf-8", "surrogatepass")
     out, err = proc.communicate(payload, timeout_s + _STARTUP_GRACE_S)
   except subprocess.TimeoutExpired:
     out, err = b"", b"sandbox: the judge missed its deadline"
