@@ -3,7 +3,7 @@
 Each builder returns the `jax.stages.Lowered` of the program the runner executes, built from
 `jax.ShapeDtypeStruct`s laid out as the runner lays out its arrays: parameters with
 `es_jax.sharding.param_shardings` on the ('pop', 'model') mesh, prompts replicated, GRPO rows over
-'pop'. Evaluation runs as `experiments.eval_sampler` runs it today: on one chip, rows unsplit.
+'pop'. Evaluation runs as `experiments.eval_sampler` runs it: on one chip, rows unsplit.
 
 Per-step figures come from a second, one-step program: the same decode with a 1-token prompt and
 the same cache length (prompt + budget), whose cost is two decode steps (the 1-token prefill is a

@@ -108,7 +108,7 @@ def test_writes_stay_in_a_bounded_private_tmp():
 def test_pass_cannot_be_forged():
   tests = "assert add(1, 2) == 3\nassert False"
   for program in (
-    # read whatever the old harness exposed, print it, exit 0 before the tests fail
+    # print any 32-character string in memory (a harness's pass token), exit 0 before the tests fail
     "import __main__, sys, os, gc\nfor o in gc.get_objects():\n"
     "  if isinstance(o, str) and len(o) == 32:\n    sys.stdout.write('\\n' + o + '\\n')\n"
     "sys.stdout.flush()\nos._exit(0)\n",

@@ -140,13 +140,11 @@ def load_task(
       "diamond" / "main" / "extended"). For reasoning-gym any name; it changes the problems.
     data_dir: where prepared TFDS data lives (None: TFDS's default). Ignored for reasoning-gym.
     source_dir: the directory with this dataset's downloaded original files (one directory per
-      dataset: file names such as test.jsonl are shared). When given, the files are hashed and
-      the dataset is prepared from them (into a directory of `data_dir` keyed by `source_dir`)
-      unless that directory already holds exactly these files. None reads the one copy
-      prepared in `data_dir`, and refuses when copies from several source directories exist.
+      dataset), prepared into `data_dir` unless exactly these files are (`prepared.prepare`).
+      None reads the one copy prepared in `data_dir`.
     limit: keep the first `limit` examples (file order); a split with fewer examples gives a
-      `DataSmallerThanLimitWarning`. For reasoning-gym, the number of
-      problems to generate (default `DEFAULT_GYM_SIZE`).
+      `DataSmallerThanLimitWarning`. For reasoning-gym, the number of problems to generate
+      (default `DEFAULT_GYM_SIZE`).
     seed: seeds GPQA's per-row option shuffle and reasoning-gym's generator.
     on_bad_row: "raise" to raise the first bad row's `BadRowError` (a ValueError naming file,
       line and field), or "skip" to leave bad rows out; the count is in `num_skipped`, and
@@ -160,7 +158,8 @@ def load_task(
 
   Raises:
     BadRowError: a bad row, with on_bad_row="raise".
-    ValueError: unknown task, split or option.
+    ValueError: unknown task, split or option; copies from several source directories and no
+      source_dir.
     FileNotFoundError: the dataset is neither prepared nor given a source_dir holding its files.
   """
   if on_bad_row not in ("raise", "skip"):

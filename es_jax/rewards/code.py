@@ -9,7 +9,7 @@ Never runs model code in this process. The sandbox model (details in `_sandbox_j
     capabilities and no_new_privs. So: no network (the new namespace has only a down loopback),
     no other process to see or signal, no host file to read or write, and at the deadline every
     descendant dies with the PID namespace, `setsid` or not. Nothing is left on the host disk.
-  * Resource limits, as before: wall clock `timeout_s`, RLIMIT_CPU, RLIMIT_AS (`memory_bytes`),
+  * Resource limits: wall clock `timeout_s`, RLIMIT_CPU, RLIMIT_AS (`memory_bytes`),
     RLIMIT_FSIZE (`max_file_bytes`), RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0.
   * Verdict: the judge runs the tests itself and calls into the program only through proxies
     whose answers are plain data, so the program can neither see the expected values nor report
