@@ -26,14 +26,8 @@ from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
 from experiments import evaluate, model_io, report, run_context, run_data, samples_log
 from experiments.config_check import ConfigError, check, positive_int
-from experiments.logger import (
-  METRICS_FILE,
-  ProgressBar,
-  RunLogger,
-  StepTimer,
-  format_seconds,
-  read_metrics,
-)
+from experiments.logger import METRICS_FILE, RunLogger, read_metrics
+from experiments.progress import ProgressBar, StepTimer, format_seconds
 
 log = logging.getLogger(__name__)
 
