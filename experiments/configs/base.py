@@ -76,12 +76,64 @@ def base_config() -> ml_collections.ConfigDict:
   c.model = dict(
     source="default", path="", base_source="default", base_path="", preset="", dtype=""
   )
+  c.data = _data()
+  c.eval = _eval()
+  c.es = _es()
+  c.grpo = _grpo()
+  c.sequential = _sequential()
+  c.checkpoint = dict(every=5, keep=3, async_save=True)
+  c.export_hf = True  # write the final params as an HF directory (workdir/hf)
+  # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
+  # to fit the chip's HBM (before the first step); False skips the check.
+  c.mesh = dict(pop=0, model=1, check_memory=True)
+  c.progress = True
+  # Training completions for reading what the model wrote (experiments/samples_log.py): every
+  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
+  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
+  # and TensorBoard text.
+  c.log_samples_every = 10
+  c.log_samples = 4
+  # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
+  # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
+  c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
+  # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
+  # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
+  # ema_decay: the smoothing, a debiased EMA s_t = d·s_{t-1} + (1-d)·r_t, ŝ_t = s_t / (1 - d^t)
+  # (0 = none); tolerance: the smallest N within this of the largest N's smoothed reward.
+  c.population_sweep = dict(sizes="8,16,32,64", ema_decay=0.99, tolerance=0.01, evaluate=False)
+  c.sparsity = dict(
+    tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
+  )
+  c.diversity = _diversity()
+  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
+  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
+  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
+  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
+  # and sparsity of the ES-type runs against the null-walk prediction.
+  c.fair = dict(
+    calibrate=True,
+    alpha_ratios=(0.5, 0.25, 1.0),
+    grpo_lrs=(1e-5, 3e-6, 3e-5),
+    pilot_steps=6,
+    diversity=True,
+  )
+  # method="report": a report across runs, read from their files (experiments/report.py).
+  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
+  # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
+  # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
+  # WORKDIR/report.
+  c.report = dict(workdirs="", names="", out="")
+  return c
+
+
+def _data() -> dict:
+  """The training task: what a step's prompts are and how completions are scored."""
   # task: a dataset of es_jax.data.TASKS, "reasoning_gym/<task>", or "file": your own
   # question/answer file `path` (.jsonl, .json, .csv, .parquet, or a `datasets` save_to_disk
   # split directory; es_jax.data.files) whose fields
   # `question_field` / `answer_field` hold question and gold answer, with `reward` a reward name
   # or "module:function" / "file.py:function" (completion: str, example: dict) -> float.
-  c.data = dict(
+  return dict(
     task="reasoning_gym/chain_sum",
     path="",  # task "file": the question/answer file
     question_field="question",  # task "file": the field shown to the model
@@ -102,7 +154,11 @@ def base_config() -> ml_collections.ConfigDict:
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
   )
-  c.eval = dict(
+
+
+def _eval() -> dict:
+  """Held-out evaluation: periodic (a small slice every `every` steps) and final."""
+  return dict(
     task="reasoning_gym/chain_sum",
     # task "file": the held-out file ("" = data.path, the training file); fields, template and
     # reward are data's
@@ -132,7 +188,11 @@ def base_config() -> ml_collections.ConfigDict:
     # not in the macro average. E.g. held-out tasks to check for forgetting (docs/method.md §7).
     extra_tasks=(),
   )
-  c.es = dict(
+
+
+def _es() -> dict:
+  """ES hyperparameters (docs/method.md §1-2)."""
+  return dict(
     num_steps=10,
     population_size=32,  # N
     sigma=1.5e-3,
@@ -167,7 +227,11 @@ def base_config() -> ml_collections.ConfigDict:
     # of fitness differences). False gives each member its own key fold_in(key, i).
     share_sample_key=True,
   )
-  c.grpo = dict(
+
+
+def _grpo() -> dict:
+  """GRPO hyperparameters (docs/method.md §3)."""
+  return dict(
     num_steps=10,
     num_generations=8,  # G
     learning_rate=1e-6,
@@ -191,7 +255,11 @@ def base_config() -> ml_collections.ConfigDict:
     temperature=1.0,
     top_p=1.0,
   )
-  c.sequential = dict(
+
+
+def _sequential() -> dict:
+  """The two-stage schedule (docs/method.md §4)."""
+  return dict(
     order="grpo_es",  # "grpo_es" | "es_grpo"
     total_steps=20,  # one budget of update steps shared by the two stages
     first_fraction=0.5,  # share of total_steps given to the first stage
@@ -199,29 +267,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "stage1" (the ES stage's output). GRPO→ES has no KL in its second stage.
     kl_reference="base",
   )
-  c.checkpoint = dict(every=5, keep=3, async_save=True)
-  c.export_hf = True  # write the final params as an HF directory (workdir/hf)
-  # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
-  # to fit the chip's HBM (before the first step); False skips the check.
-  c.mesh = dict(pop=0, model=1, check_memory=True)
-  c.progress = True
-  # Training completions for reading what the model wrote (experiments/samples_log.py): every
-  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
-  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
-  # and TensorBoard text.
-  c.log_samples_every = 10
-  c.log_samples = 4
-  # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
-  # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
-  c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
-  # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
-  # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
-  # ema_decay: the smoothing, a debiased EMA s_t = d·s_{t-1} + (1-d)·r_t, ŝ_t = s_t / (1 - d^t)
-  # (0 = none); tolerance: the smallest N within this of the largest N's smoothed reward.
-  c.population_sweep = dict(sizes="8,16,32,64", ema_decay=0.99, tolerance=0.01, evaluate=False)
-  c.sparsity = dict(
-    tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
-  )
+
+
+def _diversity() -> dict:
+  """The population diversity study and σ calibration (docs/method.md §6, §6.1)."""
   # method="diversity" (docs/method.md §6): n samples per member per eval problem; JS_succ, unions,
   # JS_pol. run: an ES run dir ("" = config.model with config.es); step: its checkpoint (-1 the
   # newest); key_step: the step key's global step (-1: the params' step, the run's own key);
@@ -231,7 +280,7 @@ def base_config() -> ml_collections.ConfigDict:
   # method="calibrate" (docs/method.md §6.1): the population around the base model for each of
   # `sigmas` on the first `limit` training problems; recommends the smallest σ with at least
   # `min_changed` of greedy completions changed and mean fitness >= base - `fitness_tolerance`.
-  c.diversity = dict(
+  return dict(
     run="",
     step=-1,
     key_step=-1,
@@ -251,25 +300,6 @@ def base_config() -> ml_collections.ConfigDict:
     min_changed=0.1,
     fitness_tolerance=0.05,
   )
-  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
-  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
-  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
-  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
-  # and sparsity of the ES-type runs against the null-walk prediction.
-  c.fair = dict(
-    calibrate=True,
-    alpha_ratios=(0.5, 0.25, 1.0),
-    grpo_lrs=(1e-5, 3e-6, 3e-5),
-    pilot_steps=6,
-    diversity=True,
-  )
-  # method="report": a report across runs, read from their files (experiments/report.py).
-  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
-  # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
-  # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
-  # WORKDIR/report.
-  c.report = dict(workdirs="", names="", out="")
-  return c
 
 
 def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_data: str | None):
