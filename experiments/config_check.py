@@ -13,6 +13,9 @@ single-value checks (`ConfigError`, `check`, ...) live in `experiments.config_er
 `check_workdir(config, workdir)` refuses to resume a workdir whose saved config.json names
 another method. `unknown_key_message` turns an unknown `--config.a.b` override into one line with
 close matches. `--help_config`'s listing of every field is `experiments.config_docs`.
+A config still setting `es.precision` (split into `es.master_dtype` and `es.arithmetic`) is
+refused with the translation of its value (`es_precision_message`); `split_es_precision` reads a
+checkpoint's config from before the split.
 
 `main` and the runners' `run` call `validate`, so library callers get the same checks.
 """
@@ -144,7 +147,8 @@ def _es_rules(choices) -> dict[str, Rule]:
     "es.share_sample_key": boolean,
     "es.rank": integer(0),
     "es.low_rank_vectors": one_of(choices.ES_LOW_RANK_VECTORS),
-    "es.precision": one_of(choices.ES_PRECISIONS),
+    "es.master_dtype": one_of(choices.MASTER_DTYPES),
+    "es.arithmetic": one_of(choices.ES_ARITHMETICS),
     "es.members_per_chunk": integer(1),
     "es.max_new_tokens": integer(1),
     "es.temperature": NON_NEGATIVE,
@@ -161,7 +165,7 @@ def _grpo_rules(choices) -> dict[str, Rule]:
     "grpo.learning_rate": POSITIVE,
     "grpo.weight_decay": NON_NEGATIVE,
     "grpo.max_grad_norm": POSITIVE,
-    "grpo.master_dtype": one_of(choices.GRPO_MASTER_DTYPES),
+    "grpo.master_dtype": one_of(choices.MASTER_DTYPES),
     "grpo.remat": boolean,
     "grpo.beta": NON_NEGATIVE,
     "grpo.eps_low": NON_NEGATIVE,
@@ -222,6 +226,42 @@ def _study_rules(choices) -> dict[str, Rule]:
 
 _MISSING = object()
 
+# es.precision (until it was split in two): each old value -> (es.master_dtype, es.arithmetic).
+ES_PRECISION_SPLIT = {
+  "fp32": ("float32", "fp32"),
+  "bf16": ("", "fp32"),
+  "bf16_faithful": ("", "bf16_faithful"),
+  "bf16_shared_noise": ("", "bf16_shared_noise"),
+  "bf16_tensor_noise": ("", "bf16_tensor_noise"),
+}
+
+
+def es_precision_message(value: Any = _MISSING) -> str:
+  """One line for a config that still sets es.precision: the two fields it became, and how to
+  write `value` (every old value when not given) with them."""
+  name = "config.es.precision" + ("" if value is _MISSING else f"={value!r}")
+  fix = ""
+  if isinstance(value, str) and value in ES_PRECISION_SPLIT:
+    master, arithmetic = ES_PRECISION_SPLIT[value]
+    fix = f" For {value!r} set es.master_dtype={master!r}, es.arithmetic={arithmetic!r}."
+  table = "; ".join(f"{old!r} -> {m!r}, {a!r}" for old, (m, a) in ES_PRECISION_SPLIT.items())
+  return (
+    f"{name} is no longer a field: it was split into es.master_dtype (the dtype ES keeps the "
+    f"weights in: 'float32' or '' = the model's) and es.arithmetic (how a member θ + σε is "
+    f"formed).{fix} Old value -> master_dtype, arithmetic: {table}."
+  )
+
+
+def split_es_precision(config: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved config dict (a checkpoint's trajectory config) from before es.precision was split,
+  written with es.master_dtype and es.arithmetic; any other dict is returned as it is."""
+  es = config.get("es")
+  if not isinstance(es, Mapping) or es.get("precision") not in ES_PRECISION_SPLIT:
+    return dict(config)
+  es = dict(es)
+  es["master_dtype"], es["arithmetic"] = ES_PRECISION_SPLIT[es.pop("precision")]
+  return {**config, "es": es}
+
 
 def _get(config: Any, dotted: str) -> Any:
   node = config
@@ -246,6 +286,8 @@ def validate(config: Any) -> Any:
   Raises:
     ConfigError: one line naming the dotted field, the value and what is allowed.
   """
+  if (old := _get(config, "es.precision")) is not _MISSING:
+    raise ConfigError(es_precision_message(old))
   for field, rule in schema().items():
     value = _get(config, field)
     if value is _MISSING:
@@ -312,6 +354,8 @@ def all_fields(config: Any, prefix: str = "") -> list[str]:
 
 def unknown_key_message(config: Any, dotted: str) -> str:
   """One line for an override of a key the config does not have, with close matches."""
+  if dotted == "es.precision":
+    return es_precision_message()
   fields = all_fields(config)
   parent, _, leaf = dotted.rpartition(".")
   siblings = [

@@ -33,7 +33,7 @@ from experiments import (
   run_data,
   samples_log,
 )
-from experiments.config_check import ConfigError, check, positive_int
+from experiments.config_check import ConfigError, check, positive_int, split_es_precision
 from experiments.logger import METRICS_FILE, RunLogger, read_metrics
 from experiments.progress import ProgressBar, StepTimer, format_seconds
 
@@ -149,6 +149,7 @@ class Loop:
     self.trajectory = trajectory_config(ctx.config)
     saved = None if restored is None else restored.meta.get("config")
     if saved is not None:
+      saved = split_es_precision(saved)  # a checkpoint from before es.precision was split
       diff = config_differences(saved, self.trajectory)
       if diff:
         raise ConfigError(

@@ -72,7 +72,7 @@ def base_config() -> ml_collections.ConfigDict:
   # source: default (bundled SmolLM2 GGUF) | hf | gguf | orbax | random. "random" builds
   # `preset` with random weights and the bundled SmolLM2 tokenizer (for smoke runs and tests).
   # dtype: the compute dtype; "" keeps the checkpoint's (bf16 for the paper's HF checkpoints),
-  # or "bfloat16" / "float32" / "float16". Master weights: see es.precision, grpo.master_dtype.
+  # or "bfloat16" / "float32" / "float16". Master weights: see es.master_dtype, grpo.master_dtype.
   c.model = dict(
     source="default", path="", base_source="default", base_path="", preset="", dtype=""
   )
@@ -205,18 +205,22 @@ def _es() -> dict:
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
     # Weights and arithmetic for a bf16 (or fp16) model (docs/method.md §1, "Arithmetic modes");
-    # round = rounding to the model's dtype. fp32 models: fp32 = bf16 = bf16_faithful.
-    #   "fp32": float32 master weights (default): members θ + σε and the update are computed
-    #     in float32, members run in the model's dtype.
-    #   "bf16": weights kept in the model's dtype; θ + σε and θ + Δ rounded once to it (small
-    #     updates below its resolution are lost).
-    #   "bf16_faithful": as "bf16", members round(w + round(σε)) (es_jax.noise.apply_noise).
+    # round = rounding to the model's dtype. For a float32 model all choices compute the same.
+    # master_dtype: the dtype ES keeps and updates the weights in. "float32" (default): float32
+    #   masters; members θ + σε and the update are computed in float32, members run in the
+    #   model's dtype. "": the model's dtype; θ + Δ is rounded once to it (updates below its
+    #   resolution are lost).
+    master_dtype="float32",
+    # arithmetic: how a member θ + σε is formed (es_jax.noise.NoiseSpec's precision).
+    #   "fp32": float32(w) + σε, rounded once to the weights' dtype.
+    #   "bf16_faithful": round(w + round(σε)) (es_jax.noise.apply_noise).
     #   "bf16_shared_noise": Qiu et al.'s code (es_jax.reference_arithmetic): one noise per
     #     tensor shape drawn in bf16, in-place perturb/restore residues, the update summed in bf16.
     #   "bf16_tensor_noise": the understanding-es reproduction's code: per-tensor fp32 noise,
     #     σε rounded once, residues kept, the update summed in fp32 and rounded once.
-    #   The last two need optimizer "sgd", rank 0, antithetic False, zscore or centered_rank.
-    precision="fp32",
+    #   All but "fp32" need master_dtype ""; the last two also optimizer "sgd", rank 0,
+    #   antithetic False and shaping zscore, centered_rank or shuffled.
+    arithmetic="fp32",
     members_per_chunk=1,  # members vmapped together on a device
     max_new_tokens=64,
     temperature=0.0,  # 0 = greedy fitness (the paper's Easy setting)
