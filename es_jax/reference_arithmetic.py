@@ -4,7 +4,7 @@ es_jax's own ES (es_jax.noise, es_jax.es) perturbs members as ``θ + σ ε`` com
 touches θ while evaluating, and forms the update in float32. Public PyTorch ES codes perturb the
 weights in place and restore them by subtracting the same step, each operation rounded to the
 weights' dtype, so with bf16 weights every member leaves a round-off residue in θ, and how the
-update is summed decides which small updates survive. Two schemes, each an ``es.precision`` mode
+update is summed decides which small updates survive. Two schemes, each an ``es.arithmetic`` mode
 (``MODES``; ``round`` = rounding to the weights' dtype, products and sums in float32 first, as
 PyTorch computes bf16 tensor ops):
 

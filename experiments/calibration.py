@@ -177,8 +177,8 @@ def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
       "# σ calibration",
       "",
       f"Population of N = {rows[0]['members'] if rows else '?'} around `{config.model.source}` "
-      f"{config.model.path or config.model.preset}, es.rank = {config.es.rank}, es.precision = "
-      f"{config.es.precision}; the first {d.limit} problems of `{config.data.task}` "
+      f"{config.model.path or config.model.preset}, es.rank = {config.es.rank}, es.arithmetic = "
+      f"{config.es.arithmetic}; the first {d.limit} problems of `{config.data.task}` "
       f"(training pool); greedy fitness with {config.es.max_new_tokens} new tokens (base model "
       f"fitness {base_fitness:.3f}); JS_succ from n = {d.num_samples} samples per member per "
       f"problem at temperature {d.temperature}.",

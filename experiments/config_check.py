@@ -13,6 +13,9 @@ single-value checks (`ConfigError`, `check`, ...) live in `experiments.config_er
 `check_workdir(config, workdir)` refuses to resume a workdir whose saved config.json names
 another method. `unknown_key_message` turns an unknown `--config.a.b` override into one line with
 close matches. `--help_config`'s listing of every field is `experiments.config_docs`.
+A config still setting `es.precision` (split into `es.master_dtype` and `es.arithmetic`) is
+refused with the translation of its value (`es_precision_message`); `split_es_precision` reads a
+checkpoint's config from before the split.
 
 `main` and the runners' `run` call `validate`, so library callers get the same checks.
 """
@@ -22,9 +25,8 @@ from __future__ import annotations
 import difflib
 import functools
 import json
-import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from experiments.config_errors import ConfigError, fail
@@ -32,168 +34,60 @@ from experiments.config_errors import check as check  # re-exported: the runners
 from experiments.config_errors import positive_finite as positive_finite
 from experiments.config_errors import positive_int as positive_int
 from experiments.config_errors import user_errors as user_errors
+from experiments.config_values import (
+  FRACTION,
+  NON_NEGATIVE,
+  POSITIVE,
+  PROBABILITY,
+  Rule,
+  boolean,
+  comma_list,
+  int_sequence,
+  integer,
+  mapping,
+  number,
+  number_sequence,
+  one_of,
+  reward_or_task,
+  task_name,
+  text,
+)
 
 TRAINING = ("es", "grpo", "sequential")  # the methods whose checkpoints a workdir resumes
-
-# A rule returns None when the value is allowed, else the text saying what is allowed.
-Rule = Callable[[Any], str | None]
-
-
-def _is_int(x: Any) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_number(x: Any) -> bool:
-  return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def integer(low: int = 1, *, none_ok: bool = False) -> Rule:
-  """An int >= `low` (None too when `none_ok`)."""
-
-  def rule(x):
-    if none_ok and x is None:
-      return None
-    if _is_int(x) and x >= low:
-      return None
-    return f"need an int >= {low}" + (" or None" if none_ok else "")
-
-  return rule
-
-
-def number(low: float = 0.0, high: float | None = None, *, low_open=False, high_open=False) -> Rule:
-  """A finite number in [low, high] (either end open when asked; `high` None = no bound)."""
-  left = "(" if low_open else "["
-  right = ")" if high_open else "]"
-  if high is None:
-    need = f"need a finite number {'>' if low_open else '>='} {low:g}"
-  else:
-    need = f"need a finite number in {left}{low:g}, {high:g}{right}"
-
-  def rule(x):
-    if not (_is_number(x) and math.isfinite(x)):
-      return need
-    if x < low or (low_open and x == low):
-      return need
-    if high is not None and (x > high or (high_open and x == high)):
-      return need
-    return None
-
-  return rule
-
-
-POSITIVE = number(0.0, low_open=True)
-NON_NEGATIVE = number(0.0)
-PROBABILITY = number(0.0, 1.0, low_open=True)  # top_p and the like: (0, 1]
-FRACTION = number(0.0, 1.0, low_open=True, high_open=True)
-
-
-def one_of(choices: Iterable[Any]) -> Rule:
-  choices = tuple(choices)
-
-  def rule(x):
-    try:
-      ok = x in choices
-    except TypeError:  # unhashable
-      ok = False
-    return None if ok else f"use one of {choices}"
-
-  return rule
-
-
-def boolean(x: Any) -> str | None:
-  return None if isinstance(x, bool) else "need True or False"
-
-
-def mapping(x: Any) -> str | None:
-  return None if isinstance(x, Mapping) or hasattr(x, "keys") else "need a dict"
-
-
-def text(*, empty_ok: bool = True) -> Rule:
-  def rule(x):
-    if isinstance(x, str) and (empty_ok or x):
-      return None
-    return "need a string" if empty_ok else "need a non-empty string"
-
-  return rule
-
-
-def int_sequence(low: int = 1) -> Rule:
-  """A non-empty list/tuple of ints >= low."""
-
-  def rule(x):
-    ok = isinstance(x, list | tuple) and len(x) > 0 and all(_is_int(v) and v >= low for v in x)
-    return None if ok else f"need a non-empty tuple of ints >= {low}"
-
-  return rule
-
-
-def number_sequence(inner: Rule, need: str) -> Rule:
-  def rule(x):
-    ok = isinstance(x, list | tuple) and len(x) > 0 and all(inner(v) is None for v in x)
-    return None if ok else need
-
-  return rule
-
-
-def comma_list(choices: Iterable[str] | None = None, *, ints_from: int | None = None) -> Rule:
-  """A comma-separated string of names from `choices`, or of ints >= `ints_from`."""
-  choices = None if choices is None else tuple(choices)
-
-  def rule(x):
-    items = [s.strip() for s in x.split(",") if s.strip()] if isinstance(x, str) else []
-    if choices is not None:
-      ok = bool(items) and all(s in choices for s in items)
-      return None if ok else f"need a comma-separated list of {choices}"
-    ok = bool(items) and all(s.lstrip("-").isdigit() and int(s) >= ints_from for s in items)
-    return None if ok else f"need comma-separated ints >= {ints_from}, e.g. '8,16,32'"
-
-  return rule
-
-
-def reward_or_task(*, empty_ok: bool) -> Rule:
-  """A name `es_jax.rewards.get_reward` knows (a reward, a task, or reasoning_gym/<task>)."""
-  from es_jax import rewards
-
-  def rule(x):
-    if empty_ok and x == "":
-      return None
-    if isinstance(x, str) and (x.startswith("reasoning_gym/") or x in rewards.TASK_REWARDS):
-      return None
-    if isinstance(x, str) and rewards.is_user_reward(x) and x.rpartition(":")[2].isidentifier():
-      return None  # imported (and its signature checked) when the run loads its data
-    known = sorted(rewards.TASK_REWARDS)
-    return (
-      f"use a reward or task of es_jax.rewards ({known}), 'reasoning_gym/<task>', or your "
-      "function as 'module:function' or 'path/to/file.py:function'"
-    )
-
-  return rule
-
-
-def task_name(x: Any) -> str | None:
-  """A task `es_jax.data.load_task` knows."""
-  from es_jax import data
-
-  if isinstance(x, str) and (x.startswith("reasoning_gym/") and len(x) > 14 or x in data.TASKS):
-    return None
-  if x == data.FILE_TASK:
-    return None
-  return f"use one of {tuple(data.TASKS)}, 'reasoning_gym/<task>' or 'file' (your own file)"
 
 
 @functools.cache
 def schema() -> dict[str, Rule]:
   """Dotted field -> rule, for every field of `experiments.configs.base.base_config`."""
   # Imported here: es_jax brings jax, which `main` imports only once the flags are parsed.
-  from es_jax import fitness, metrics, models
-  from es_jax import grpo as grpo_lib
   from experiments.configs import base, choices
 
-  model_sources = (*choices.MODEL_SOURCES, "random")
   return {
     "method": one_of(base.METHODS),
     "seed": integer(0),
-    "model.source": one_of(model_sources),
+    **_model_data_rules(choices),
+    **_eval_rules(),
+    **_es_rules(choices),
+    **_grpo_rules(choices),
+    "checkpoint.every": integer(1),
+    "checkpoint.keep": integer(1),
+    "checkpoint.async_save": boolean,
+    "export_hf": boolean,
+    "mesh.pop": integer(0),
+    "mesh.model": integer(1),
+    "mesh.check_memory": boolean,
+    "progress": boolean,
+    "log_samples_every": integer(0),
+    "log_samples": integer(0),
+    **_study_rules(choices),
+  }
+
+
+def _model_data_rules(choices) -> dict[str, Rule]:
+  from es_jax import models
+
+  return {
+    "model.source": one_of((*choices.MODEL_SOURCES, "random")),
     "model.path": text(),
     "model.base_source": one_of(s for s in choices.MODEL_SOURCES if s != "orbax"),
     "model.base_path": text(),
@@ -212,6 +106,11 @@ def schema() -> dict[str, Rule]:
     "data.reward": reward_or_task(empty_ok=True),
     "data.prompts_per_step": integer(1),
     "data.shuffle": boolean,
+  }
+
+
+def _eval_rules() -> dict[str, Rule]:
+  return {
     "eval.task": task_name,
     "eval.path": text(),
     "eval.split": text(empty_ok=False),
@@ -231,6 +130,13 @@ def schema() -> dict[str, Rule]:
     "eval.final": boolean,
     "eval.keep_samples": integer(0),
     "eval.extra_tasks": lambda x: None if isinstance(x, list | tuple) else "need a list",
+  }
+
+
+def _es_rules(choices) -> dict[str, Rule]:
+  from es_jax import fitness
+
+  return {
     "es.num_steps": integer(1),
     "es.population_size": integer(1),
     "es.sigma": POSITIVE,
@@ -241,17 +147,25 @@ def schema() -> dict[str, Rule]:
     "es.share_sample_key": boolean,
     "es.rank": integer(0),
     "es.low_rank_vectors": one_of(choices.ES_LOW_RANK_VECTORS),
-    "es.precision": one_of(choices.ES_PRECISIONS),
+    "es.master_dtype": one_of(choices.MASTER_DTYPES),
+    "es.arithmetic": one_of(choices.ES_ARITHMETICS),
     "es.members_per_chunk": integer(1),
     "es.max_new_tokens": integer(1),
     "es.temperature": NON_NEGATIVE,
     "es.top_p": PROBABILITY,
+  }
+
+
+def _grpo_rules(choices) -> dict[str, Rule]:
+  from es_jax import grpo as grpo_lib
+
+  return {
     "grpo.num_steps": integer(1),
     "grpo.num_generations": integer(2),
     "grpo.learning_rate": POSITIVE,
     "grpo.weight_decay": NON_NEGATIVE,
     "grpo.max_grad_norm": POSITIVE,
-    "grpo.master_dtype": one_of(choices.GRPO_MASTER_DTYPES),
+    "grpo.master_dtype": one_of(choices.MASTER_DTYPES),
     "grpo.remat": boolean,
     "grpo.beta": NON_NEGATIVE,
     "grpo.eps_low": NON_NEGATIVE,
@@ -267,16 +181,15 @@ def schema() -> dict[str, Rule]:
     "sequential.kl_reference": one_of(choices.SEQUENTIAL_KL_REFERENCES),
     "sequential.total_steps": integer(2),
     "sequential.first_fraction": FRACTION,
-    "checkpoint.every": integer(1),
-    "checkpoint.keep": integer(1),
-    "checkpoint.async_save": boolean,
-    "export_hf": boolean,
-    "mesh.pop": integer(0),
-    "mesh.model": integer(1),
-    "mesh.check_memory": boolean,
-    "progress": boolean,
-    "log_samples_every": integer(0),
-    "log_samples": integer(0),
+  }
+
+
+def _study_rules(choices) -> dict[str, Rule]:
+  """The fields of the methods other than training: demo, sweeps, sparsity, diversity, fair."""
+  from es_jax import metrics
+
+  positives = number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0")
+  return {
     "demo.runs": comma_list(tuple(choices.DEMO_RUNS)),
     "population_sweep.sizes": comma_list(ints_from=2),
     "population_sweep.ema_decay": number(0.0, 1.0, high_open=True),
@@ -300,18 +213,54 @@ def schema() -> dict[str, Rule]:
     "diversity.correction": one_of(metrics.JS_CORRECTIONS),
     "diversity.kinds": comma_list(tuple(choices.DIVERSITY_KINDS)),
     "diversity.checkpoints": boolean,
-    "diversity.sigmas": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
+    "diversity.sigmas": positives,
     "diversity.min_changed": PROBABILITY,
     "diversity.fitness_tolerance": NON_NEGATIVE,
     "fair.calibrate": boolean,
-    "fair.alpha_ratios": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
-    "fair.grpo_lrs": number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0"),
+    "fair.alpha_ratios": positives,
+    "fair.grpo_lrs": positives,
     "fair.pilot_steps": integer(1),
     "fair.diversity": boolean,
   }
 
 
 _MISSING = object()
+
+# es.precision (until it was split in two): each old value -> (es.master_dtype, es.arithmetic).
+ES_PRECISION_SPLIT = {
+  "fp32": ("float32", "fp32"),
+  "bf16": ("", "fp32"),
+  "bf16_faithful": ("", "bf16_faithful"),
+  "bf16_shared_noise": ("", "bf16_shared_noise"),
+  "bf16_tensor_noise": ("", "bf16_tensor_noise"),
+}
+
+
+def es_precision_message(value: Any = _MISSING) -> str:
+  """One line for a config that still sets es.precision: the two fields it became, and how to
+  write `value` (every old value when not given) with them."""
+  name = "config.es.precision" + ("" if value is _MISSING else f"={value!r}")
+  fix = ""
+  if isinstance(value, str) and value in ES_PRECISION_SPLIT:
+    master, arithmetic = ES_PRECISION_SPLIT[value]
+    fix = f" For {value!r} set es.master_dtype={master!r}, es.arithmetic={arithmetic!r}."
+  table = "; ".join(f"{old!r} -> {m!r}, {a!r}" for old, (m, a) in ES_PRECISION_SPLIT.items())
+  return (
+    f"{name} is no longer a field: it was split into es.master_dtype (the dtype ES keeps the "
+    f"weights in: 'float32' or '' = the model's) and es.arithmetic (how a member θ + σε is "
+    f"formed).{fix} Old value -> master_dtype, arithmetic: {table}."
+  )
+
+
+def split_es_precision(config: Mapping[str, Any]) -> dict[str, Any]:
+  """A saved config dict (a checkpoint's trajectory config) from before es.precision was split,
+  written with es.master_dtype and es.arithmetic; any other dict is returned as it is."""
+  es = config.get("es")
+  if not isinstance(es, Mapping) or es.get("precision") not in ES_PRECISION_SPLIT:
+    return dict(config)
+  es = dict(es)
+  es["master_dtype"], es["arithmetic"] = ES_PRECISION_SPLIT[es.pop("precision")]
+  return {**config, "es": es}
 
 
 def _get(config: Any, dotted: str) -> Any:
@@ -337,6 +286,8 @@ def validate(config: Any) -> Any:
   Raises:
     ConfigError: one line naming the dotted field, the value and what is allowed.
   """
+  if (old := _get(config, "es.precision")) is not _MISSING:
+    raise ConfigError(es_precision_message(old))
   for field, rule in schema().items():
     value = _get(config, field)
     if value is _MISSING:
@@ -403,6 +354,8 @@ def all_fields(config: Any, prefix: str = "") -> list[str]:
 
 def unknown_key_message(config: Any, dotted: str) -> str:
   """One line for an override of a key the config does not have, with close matches."""
+  if dotted == "es.precision":
+    return es_precision_message()
   fields = all_fields(config)
   parent, _, leaf = dotted.rpartition(".")
   siblings = [

@@ -16,7 +16,8 @@ from experiments import config_check
 @functools.cache
 def field_docs() -> dict[str, str]:
   """{dotted key: its comment in experiments/configs/base.py}: the `# ...` on a field's line or
-  the comment block just above it (above `c.<section> = dict(` for the section itself)."""
+  the comment block just above it (above `c.<section> = dict(` for the section itself, or above
+  `return dict(` in the helper of a `c.<section> = _<section>()`)."""
   from experiments.configs import base
 
   with open(base.__file__, encoding="utf-8") as f:
@@ -39,20 +40,22 @@ def field_docs() -> dict[str, str]:
     return " ".join(above)
 
   out: dict[str, str] = {}
-  fn = next(
-    n
-    for n in ast.walk(ast.parse(source))
-    if isinstance(n, ast.FunctionDef) and n.name == "base_config"
-  )
-  for node in fn.body:
+  functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
+  for node in functions["base_config"].body:
     if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
       continue
     target = node.targets[0]
     if not (isinstance(target, ast.Attribute) and getattr(target.value, "id", "") == "c"):
       continue
     out[target.attr] = doc(node.lineno)
-    if isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "dict":
-      for kw in node.value.keywords:
+    value = node.value
+    helper = functions.get(getattr(getattr(value, "func", None), "id", ""))
+    if helper is not None and isinstance(helper.body[-1], ast.Return):
+      # `c.es = _es()`: the section is the dict its helper returns, the comment above it
+      value = helper.body[-1].value
+      out[target.attr] = out[target.attr] or doc(helper.body[-1].lineno)
+    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "dict":
+      for kw in value.keywords:
         if kw.arg:
           out[f"{target.attr}.{kw.arg}"] = doc(kw.value.lineno)
   return out

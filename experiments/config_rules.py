@@ -24,15 +24,7 @@ def cross_checks(config: Any) -> None:
       es.population_size,
       "es.antithetic=True pairs members: use an even population size",
     )
-  if es.precision in reference_arithmetic.MODES:  # those codes' plain ES step, nothing else
-    for field, ok, need in (
-      ("optimizer", es.optimizer == "sgd", "sgd"),
-      ("rank", int(es.rank) == 0, "0 (full rank)"),
-      ("antithetic", not es.antithetic, "False"),
-      ("shaping", es.shaping in _IN_PLACE_SHAPINGS, f"one of {_IN_PLACE_SHAPINGS}"),
-    ):
-      if not ok:
-        raise fail(f"es.{field}", es[field], f"es.precision={es.precision!r} needs {need}")
+  _es_arithmetic_checks(es)
   rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
   if _uses_grpo(config) and grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
     raise fail(
@@ -43,6 +35,29 @@ def cross_checks(config: Any) -> None:
   _model_checks(model)
   _size_checks(config)
   _file_task_checks(config)
+
+
+def _es_arithmetic_checks(es: Any) -> None:
+  """es.arithmetic other than "fp32" rounds in the weights' own dtype, so the weights must be
+  kept in the model's (with float32 masters it would be "fp32" in all but name); the in-place
+  modes are their codes' plain ES step, nothing else."""
+  arithmetic = es.arithmetic
+  if arithmetic != "fp32" and es.master_dtype != "":
+    raise fail(
+      "es.master_dtype",
+      es.master_dtype,
+      f"es.arithmetic={arithmetic!r} rounds in the weights' dtype: keep them in the model's "
+      "dtype with es.master_dtype=''",
+    )
+  if arithmetic in reference_arithmetic.MODES:
+    for field, ok, need in (
+      ("optimizer", es.optimizer == "sgd", "sgd"),
+      ("rank", int(es.rank) == 0, "0 (full rank)"),
+      ("antithetic", not es.antithetic, "False"),
+      ("shaping", es.shaping in _IN_PLACE_SHAPINGS, f"one of {_IN_PLACE_SHAPINGS}"),
+    ):
+      if not ok:
+        raise fail(f"es.{field}", es[field], f"es.arithmetic={arithmetic!r} needs {need}")
 
 
 _FILE_FIELDS = {"question_field": "question", "answer_field": "answer", "prompt_template": ""}

@@ -32,7 +32,7 @@ import ml_collections
 from es_jax import preemption
 from experiments import config_check, es, eval_results, evaluate, grpo, report, sequential
 from experiments.configs.choices import DEMO_RUNS
-from experiments.logger import format_seconds
+from experiments.progress import format_seconds
 
 log = logging.getLogger(__name__)
 

@@ -47,20 +47,18 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
 
   Args:
     cfg: ``config.es``: ``population_size``, ``antithetic``, ``rank`` (0 = full rank),
-      ``low_rank_vectors`` and ``precision`` (absent = "fp32"; "bf16" is "fp32" arithmetic on
-      weights already in the model's dtype).
+      ``low_rank_vectors`` and ``arithmetic`` (the spec's ``precision``; absent = "fp32").
 
   Returns:
     The validated spec; a bad field raises ConfigError prefixed ``config.es:``.
   """
-  precision = cfg.get("precision", "fp32")
   with config_check.user_errors("config.es"):
     return noise.NoiseSpec(
       int(cfg.population_size),
       antithetic=bool(cfg.antithetic),
       rank=int(cfg.rank) or None,
       low_rank_vectors=cfg.low_rank_vectors,
-      precision="fp32" if precision == "bf16" else precision,
+      precision=cfg.get("arithmetic", "fp32"),
     )
 
 
@@ -131,11 +129,11 @@ def make_optimizer(
   return rule(float(cfg.learning_rate))
 
 
-def master_weights(params, precision: str, compute_dtype) -> Any:
-  """The weights ES updates for `es.precision`: float32 masters ("fp32"), or the model's own
-  compute dtype ("bf16", "bf16_faithful": `_apply`'s update is rounded to it once;
-  "bf16_shared_noise", "bf16_tensor_noise": `_in_place_apply` rounds as those codes do)."""
-  return models.cast_params(params, jnp.float32 if precision == "fp32" else compute_dtype)
+def master_weights(params, master_dtype: str, compute_dtype) -> Any:
+  """The weights ES updates, in `es.master_dtype`: float32 masters ("float32"), or the model's
+  own compute dtype ("": `_apply`'s update is rounded to it once; `_in_place_apply` rounds as
+  the codes of es.arithmetic's in-place modes do)."""
+  return models.cast_params(params, jnp.dtype(master_dtype) if master_dtype else compute_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("rule",), donate_argnums=(0,))
@@ -150,7 +148,7 @@ def _apply(state: dict[str, Any], fitness, step_key, learning_rate, *, rule: Upd
 def _in_place_apply(
   state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping, mode, sharded
 ):
-  """es.precision in `reference_arithmetic.MODES`: the members' in-place perturb/restore
+  """es.arithmetic in `reference_arithmetic.MODES`: the members' in-place perturb/restore
   residues, then that code's update, rounded as it rounds (es_jax.reference_arithmetic)."""
   params = state["params"]
   n = fitness.shape[0]
@@ -187,14 +185,14 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
   learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
-  params = master_weights(params, cfg.precision, ctx.model_config.jnp_dtype)
+  params = master_weights(params, cfg.master_dtype, ctx.model_config.jnp_dtype)
   # Placed once (large matrices split over 'model' when it is > 1): the update keeps the layout.
   params = sharding.place_params(params, ctx.mesh)
   log.info(
-    "ES: members run in %s, weights and updates in %s (es.precision=%s)",
+    "ES: members run in %s, weights and updates in %s (es.arithmetic=%s)",
     ctx.model_config.dtype,
     jax.tree.leaves(params)[0].dtype,
-    cfg.precision,
+    cfg.arithmetic,
   )
   state = {"params": params, "opt_state": rule(learning_rate).init(params)}
   loop = train_loop.Loop(ctx, stage, state)
@@ -221,7 +219,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
       share_sample_key=bool(cfg.share_sample_key),
     )
     shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
-    if cfg.precision in reference_arithmetic.MODES:
+    if cfg.arithmetic in reference_arithmetic.MODES:
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
       state = _in_place_apply(
         state,
@@ -230,7 +228,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
         sigma,
         alpha,
         shaping=cfg.shaping,
-        mode=cfg.precision,
+        mode=cfg.arithmetic,
         sharded=rule.sharded,
       )
     else:

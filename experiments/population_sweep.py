@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import config_check, es, plots, report
+from experiments import config_check, es, plots, report_curves, report_runs
 from experiments.logger import read_metrics
 
 
@@ -63,8 +63,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       result = es.run(sub, run_dir)
       if result.get("stopped"):
         return {"stopped": True}
-    run = report.Run(f"N={n}", run_dir, rows=read_metrics(os.path.join(run_dir, "metrics.jsonl")))
-    steps, rewards = report.reward_series(run) or ([], [])
+    rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))
+    run = report_runs.Run(f"N={n}", run_dir, rows=rows)
+    steps, rewards = report_curves.reward_series(run) or ([], [])
     if not steps:
       raise ValueError(f"{run_dir}/metrics.jsonl: no training reward logged.")
     smooth = debiased_ema(rewards, decay)

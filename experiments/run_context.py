@@ -18,7 +18,7 @@ from es_jax import memory_plan, models, rewards, sampling
 from es_jax import sharding as sharding_lib
 from experiments import config_check, evaluate, model_io, run_data
 from experiments.config_check import check
-from experiments.logger import format_seconds
+from experiments.progress import format_seconds
 
 log = logging.getLogger(__name__)
 

@@ -24,16 +24,18 @@ from etils import epath
 
 from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
-from experiments import evaluate, model_io, report, run_context, run_data, samples_log
-from experiments.config_check import ConfigError, check, positive_int
-from experiments.logger import (
-  METRICS_FILE,
-  ProgressBar,
-  RunLogger,
-  StepTimer,
-  format_seconds,
-  read_metrics,
+from experiments import (
+  evaluate,
+  model_io,
+  report_curves,
+  report_runs,
+  run_context,
+  run_data,
+  samples_log,
 )
+from experiments.config_check import ConfigError, check, positive_int, split_es_precision
+from experiments.logger import METRICS_FILE, RunLogger, read_metrics
+from experiments.progress import ProgressBar, StepTimer, format_seconds
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +149,7 @@ class Loop:
     self.trajectory = trajectory_config(ctx.config)
     saved = None if restored is None else restored.meta.get("config")
     if saved is not None:
+      saved = split_es_precision(saved)  # a checkpoint from before es.precision was split
       diff = config_differences(saved, self.trajectory)
       if diff:
         raise ConfigError(
@@ -316,12 +319,13 @@ class Loop:
 
 
 def train_metrics_plots(workdir: str, config: ml_collections.ConfigDict) -> dict[str, str]:
-  """reward.png, reward_samples.png and entropy.png (training curves; `report.training_curves`)
-  from workdir/metrics.jsonl, the line labelled by the run's method."""
-  run = report.Run("", workdir, config=config.to_dict())
+  """reward.png, reward_samples.png and entropy.png (training curves;
+  `report_curves.training_curves`) from workdir/metrics.jsonl, the line labelled by the run's
+  method."""
+  run = report_runs.Run("", workdir, config=config.to_dict())
   run.rows = read_metrics(os.path.join(workdir, METRICS_FILE))
-  run.name = report.default_name(run)
-  return report.training_curves([run], workdir)[0]
+  run.name = report_runs.default_name(run)
+  return report_curves.training_curves([run], workdir)[0]
 
 
 def final_summaries(ctx: run_context.Context, ev: Mapping[str, Any]) -> None:

@@ -46,7 +46,8 @@ def test_shipped_configs_pass():
     ("es.shaping", "rank", "centered_rank"),
     ("data.reward", "nope", "reasoning_gym/<task>"),
     ("model.dtype", "fp8", "bfloat16"),
-    ("es.precision", "fp16", "bf16_faithful"),
+    ("es.arithmetic", "fp16", "bf16_faithful"),
+    ("es.master_dtype", "bf16", "float32"),
     ("method", "train", "population_sweep"),
     ("grpo.num_generations", 1, "int >= 2"),
     ("sequential.first_fraction", 1.0, "(0, 1)"),
@@ -68,8 +69,13 @@ def test_cross_field_rules():
   smoke = demo_config.get_config("smoke")
   for fields, name in (
     (dict(es__antithetic=True, es__population_size=5), "config.es.population_size=5"),
-    (dict(es__precision="bf16_shared_noise", es__rank=4), "config.es.rank=4"),
-    (dict(es__precision="bf16_tensor_noise", es__optimizer="adam"), "config.es.optimizer='adam'"),
+    (dict(es__master_dtype="", es__arithmetic="bf16_shared_noise", es__rank=4), "config.es.rank=4"),
+    (
+      dict(es__master_dtype="", es__arithmetic="bf16_tensor_noise", es__optimizer="adam"),
+      "config.es.optimizer='adam'",
+    ),
+    # bf16 arithmetic on float32 masters would be "fp32" in all but name
+    (dict(es__arithmetic="bf16_faithful"), "config.es.master_dtype='float32' .* model's dtype"),
     (dict(grpo__mini_batch_size=3), "config.grpo.mini_batch_size=3"),
     (dict(model__source="hf", model__path=""), "config.model.path=''"),
     (dict(es__population_size=6, es__members_per_chunk=4), "config.es.population_size=6"),
@@ -138,6 +144,36 @@ def test_unknown_key_names_the_dotted_key_and_close_matches():
   assert "config.es has" in listed and "sigma" in listed
 
 
+def test_old_es_precision_is_refused_with_its_translation():
+  # es.precision was split into es.master_dtype and es.arithmetic: a config file still setting it
+  # (or an override) gets one line naming both fields and how to write each old value.
+  smoke = demo_config.get_config("smoke")
+  for old, (master, arithmetic) in config_check.ES_PRECISION_SPLIT.items():
+    with pytest.raises(config_check.ConfigError) as e:
+      config_check.validate(_with(smoke, es__precision=old))
+    message = str(e.value)
+    assert message.startswith(f"config.es.precision={old!r} is no longer a field"), message
+    assert f"set es.master_dtype={master!r}, es.arithmetic={arithmetic!r}" in message
+    assert "\n" not in message
+    # the translation is a valid config
+    config_check.validate(
+      _with(smoke, es__master_dtype=master, es__arithmetic=arithmetic, es__rank=0)
+    )
+  with pytest.raises(config_check.ConfigError, match=r"config\.es\.precision=\['x'\] is no longer"):
+    config_check.validate(_with(smoke, es__precision=["x"]))
+  message = config_check.unknown_key_message(smoke, "es.precision")
+  assert "es.master_dtype" in message and "es.arithmetic" in message and "'bf16' -> ''" in message
+  # A checkpoint's trajectory config from before the split reads as today's fields.
+  saved = {"seed": 0, "es": {"sigma": 0.1, "precision": "bf16"}}
+  assert config_check.split_es_precision(saved) == {
+    "seed": 0,
+    "es": {"sigma": 0.1, "master_dtype": "", "arithmetic": "fp32"},
+  }
+  assert saved["es"]["precision"] == "bf16"  # not modified in place
+  today = {"es": {"master_dtype": "float32", "arithmetic": "fp32"}}
+  assert config_check.split_es_precision(today) == today
+
+
 def test_resuming_another_methods_workdir_is_refused(tmp_path):
   (tmp_path / "checkpoints").mkdir()
   (tmp_path / "config.json").write_text(json.dumps({"method": "es"}))
@@ -182,6 +218,7 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
   for args, expected in (
     ((smoke, "--config.es.populaton_size=8"), "error: config.es.populaton_size is not a config"),
     ((smoke, "--config.eval.temperature=nan"), "error: config.eval.temperature=nan is invalid"),
+    ((smoke, "--config.es.precision=bf16"), "error: config.es.precision is no longer a field"),
     (("--config=experiments/configs/nope.py",), "error: --config:"),
     (("--config=/etc/passwd",), "error: --config /etc/passwd, line 1: invalid syntax"),
     (("--config=experiments/configs/__init__.py",), "error: --config experiments/configs/__init"),

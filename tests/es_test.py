@@ -296,14 +296,15 @@ def test_bad_inputs_name_the_value(key):
 
 
 def test_precision_modes_update_as_the_numpy_reference(key):
-  # One ES update of bf16 weights (LLM-like scale) in each es.precision mode of the runner, against
-  # numpy/ml_dtypes: "fp32" keeps float32 masters θ + (α/N) Σ z_i ε_i; "bf16" and
-  # "bf16_faithful" round that sum once to bf16, so updates below half an ulp are lost.
+  # One ES update of bf16 weights (LLM-like scale) in each former es.precision mode of the runner
+  # (its es.master_dtype), against numpy/ml_dtypes: "fp32" keeps float32 masters
+  # θ + (α/N) Σ z_i ε_i; "bf16" and "bf16_faithful" (master_dtype "") round that sum once to bf16,
+  # so updates below half an ulp are lost.
   import ml_dtypes
   from ml_collections import ConfigDict
 
+  from experiments import config_check
   from experiments import es as es_runner
-  from experiments.configs import choices
 
   rng = np.random.default_rng(0)
   w16 = (0.02 * rng.standard_normal((3, 8, 16))).astype(ml_dtypes.bfloat16)
@@ -316,8 +317,8 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   delta = jax.tree.map(lambda d: -cfg.learning_rate * d, _explicit(base, fitness.zscore(r), key))
   exact = jax.tree.map(lambda p, d: np.asarray(p, np.float64) + d, base, delta)
   got = {}
-  for mode in choices.ES_PRECISIONS:
-    master = es_runner.master_weights(jax.tree.map(jnp.copy, base), mode, jnp.bfloat16)
+  for mode, (master_dtype, _) in config_check.ES_PRECISION_SPLIT.items():
+    master = es_runner.master_weights(jax.tree.map(jnp.copy, base), master_dtype, jnp.bfloat16)
     state = {"params": master, "opt_state": opt.init(master)}
     got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)["params"]
   for name in base:

@@ -1,5 +1,7 @@
-"""Tests for experiments.logger: metrics.jsonl, TensorBoard events, resume, config and versions."""
+"""Tests for experiments.logger (metrics.jsonl, TensorBoard events, resume, config and versions)
+and experiments.progress."""
 
+import hashlib
 import io
 import json
 import logging
@@ -17,18 +19,8 @@ import yaml
 from tensorboardX.proto import event_pb2
 
 from experiments import logger as logger_lib
-from experiments.logger import (
-  METRICS_FILE,
-  TENSORBOARD_DIR,
-  VERSIONS_FILE,
-  ProgressBar,
-  RunLogger,
-  StepTimer,
-  config_hash,
-  format_seconds,
-  progress_marks,
-  read_metrics,
-)
+from experiments.logger import METRICS_FILE, TENSORBOARD_DIR, VERSIONS_FILE, RunLogger, read_metrics
+from experiments.progress import ProgressBar, StepTimer, format_seconds, progress_marks
 
 
 def _events(workdir):
@@ -178,6 +170,13 @@ def test_config_and_versions_files(tmp_path):
     RunLogger(tmp_path, config=config, tensorboard=False).close()
   assert json.loads((tmp_path / "config.1.json").read_text()) == saved
   assert json.loads((tmp_path / "config.json").read_text())["es"]["sigma"] == 3e-3
+
+
+def config_hash(config) -> str:
+  """A short hash of the resolved config the logger writes (config.json): stable across a
+  ConfigDict and its dict, and changed by any field."""
+  text = json.dumps(logger_lib._config_dict(config), sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def test_config_hash_is_stable_and_sensitive():

@@ -4,7 +4,7 @@ two population sizes on the demo's smoke config."""
 import pytest
 from ml_collections import ConfigDict
 
-from experiments import population_sweep, report
+from experiments import population_sweep, report_curves, report_runs
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -34,10 +34,10 @@ def test_population_sweep_runs_each_size(tmp_path):
   assert sorted(result["smoothed_final_reward"]) == [2, 4]
   assert result["ema_decay"] == 0.99 and result["final_step"] == {2: 2, 4: 2}
   for n in (2, 4):  # the reported value is the debiased EMA of the logged rewards
-    run = report.Run(
+    run = report_runs.Run(
       "r", str(tmp_path / f"N={n}"), rows=read_metrics(tmp_path / f"N={n}" / "metrics.jsonl")
     )
-    steps, logged = report.reward_series(run)
+    steps, logged = report_curves.reward_series(run)
     want = population_sweep.debiased_ema(logged, 0.99)[-1]
     assert result["smoothed_final_reward"][n] == pytest.approx(want, abs=1e-12)
   assert result["smallest_sufficient_N"] in (2, 4)

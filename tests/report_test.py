@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from experiments import eval_results, plots, report
+from experiments import eval_results, plots, report, report_curves, report_runs
 from experiments.configs.base import base_config
 from experiments.logger import RunLogger
 
@@ -243,10 +243,10 @@ def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
 
 
 def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(runs, tmp_path):
-  seq = report.load_run(str(runs / "grpo_es"))
-  assert report.stage_boundaries(seq) == [2.5]  # steps 1-2 GRPO, 3-4 ES
-  assert report.stage_boundaries(report.load_run(str(runs / "es"))) == []
-  figures, notes = report.training_curves([seq], str(tmp_path))
+  seq = report_runs.load_run(str(runs / "grpo_es"))
+  assert report_curves.stage_boundaries(seq) == [2.5]  # steps 1-2 GRPO, 3-4 ES
+  assert report_curves.stage_boundaries(report_runs.load_run(str(runs / "es"))) == []
+  figures, notes = report_curves.training_curves([seq], str(tmp_path))
   assert set(figures) == {"reward", "entropy"}  # the fixture's runs log no train/samples
   assert notes == ["training reward at equal compute: n/a (no run logged it)."]
   # A run logging the shared names: train/reward wins over the legacy key, and train/samples
@@ -255,10 +255,10 @@ def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(
     for s in (1, 2, 3):
       row = {"train/reward": 0.5 * s, "fitness/mean": -1.0, "train/samples": 32 * s}
       log.log(s, row)
-  new = report.load_run(str(tmp_path / "new"), "new")
-  assert report.reward_series(new) == [[1, 2, 3], [0.5, 1.0, 1.5]]
-  assert report.reward_series(new, "train/samples") == [[32, 64, 96], [0.5, 1.0, 1.5]]
-  figures, notes = report.training_curves([new, seq], str(tmp_path / "both"))
+  new = report_runs.load_run(str(tmp_path / "new"), "new")
+  assert report_curves.reward_series(new) == [[1, 2, 3], [0.5, 1.0, 1.5]]
+  assert report_curves.reward_series(new, "train/samples") == [[32, 64, 96], [0.5, 1.0, 1.5]]
+  figures, notes = report_curves.training_curves([new, seq], str(tmp_path / "both"))
   assert set(figures) == {"reward", "reward_samples", "entropy"} and not notes
   assert os.path.getsize(figures["reward_samples"]) > 1000
 
@@ -266,16 +266,16 @@ def test_training_curves_prefer_train_reward_mark_stages_and_plot_equal_compute(
 def test_entropy_curves_name_each_runs_rollout_temperature():
   """ES fitness (often greedy, T=0) and GRPO rollouts (T=1) differ: each curve says its T."""
   cfg = {"es": {"temperature": 0.0}, "grpo": {"temperature": 1.0}}
-  es_run = report.Run("ES", "es", config={"method": "es", **cfg})
-  seq = report.Run(
+  es_run = report_runs.Run("ES", "es", config={"method": "es", **cfg})
+  seq = report_runs.Run(
     "GRPO→ES", "s", config={"method": "sequential", "sequential": {"order": "grpo_es"}, **cfg}
   )
-  stage = report.Run("GRPO→ES 1_grpo", "s/stage1_grpo", config=seq.config, stage="1_grpo")
-  assert report.rollout_temperatures(es_run) == "T=0"
-  assert report.rollout_temperatures(seq) == "GRPO T=1 → ES T=0"
-  assert report.rollout_temperatures(stage) == "T=1"
-  assert report.rollout_temperatures(report.Run("x", "x")) is None
-  assert "not comparable" in report.ENTROPY_NOTE
+  stage = report_runs.Run("GRPO→ES 1_grpo", "s/stage1_grpo", config=seq.config, stage="1_grpo")
+  assert report_curves.rollout_temperatures(es_run) == "T=0"
+  assert report_curves.rollout_temperatures(seq) == "GRPO T=1 → ES T=0"
+  assert report_curves.rollout_temperatures(stage) == "T=1"
+  assert report_curves.rollout_temperatures(report_runs.Run("x", "x")) is None
+  assert "not comparable" in report_curves.ENTROPY_NOTE
 
 
 def test_names_by_directory_and_a_diversity_study_in_its_own_workdir(runs, tmp_path):

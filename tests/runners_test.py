@@ -102,12 +102,13 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert os.path.getsize(tmp_path / png) > 1000
 
 
-@pytest.mark.parametrize("precision", ["bf16_shared_noise", "bf16_tensor_noise"])
-def test_es_in_place_precision_trains_bf16_weights(tmp_path, precision):
+@pytest.mark.parametrize("arithmetic", ["bf16_shared_noise", "bf16_tensor_noise"])
+def test_es_in_place_arithmetic_trains_bf16_weights(tmp_path, arithmetic):
   # The in-place bf16 schemes (es_jax.reference_arithmetic) end to end; the weights stay bf16 and
   # move (residues and the update).
   quiet = dict(eval__every=0, eval__final=False, export_hf=False)
-  ref = dict(method="es", es__precision=precision, es__rank=0, **quiet)
+  modes = dict(es__master_dtype="", es__arithmetic=arithmetic)
+  ref = dict(method="es", es__rank=0, **modes, **quiet)
   config = _config(demo_config, model__dtype="bfloat16", es__num_steps=2, **ref)
   es.run(config, str(tmp_path))
   _, saved = checkpoint_params(str(tmp_path / "checkpoints"))

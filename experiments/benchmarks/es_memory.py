@@ -162,27 +162,33 @@ def child(args) -> dict:
   if not args.xla:
     out["xla_evaluate"] = out["xla_update"] = None
     return out
-  # XLA's plan for the same two programs (lowered with the arguments evaluate passes).
-  jnp = jax.numpy
+  out.update(_xla_figures(state, ids, mask, eval_kw, apply_update, fitness))
+  return out
+
+
+def _xla_figures(state, ids, mask, eval_kw, apply_update, fitness) -> dict:
+  """XLA's plan for the step's two programs, lowered with the arguments evaluate passes."""
+  import jax
+
+  from es_jax import population
+
+  key = eval_kw["step_key"]
   lowered = population.population_completions.lower(
     state["params"],
     ids,
     mask,
-    step_key,
-    step_key,
-    jnp.float32(args.sigma),
-    decoding,
-    config=config,
-    spec=spec,
-    members_per_chunk=M,
+    key,
+    key,
+    jax.numpy.float32(eval_kw["sigma"]),
+    eval_kw["decoding"],
+    config=eval_kw["config"],
+    spec=eval_kw["spec"],
+    members_per_chunk=eval_kw["members_per_chunk"],
     mesh=None,
     share_sample_key=False,
   )
-  out["xla_evaluate"] = _analysis(lowered.compile())
-  out["xla_update"] = _analysis(
-    apply_update.lower(state["params"], state["opt_state"], fitness, step_key).compile()
-  )
-  return out
+  update = apply_update.lower(state["params"], state["opt_state"], fitness, key)
+  return {"xla_evaluate": _analysis(lowered.compile()), "xla_update": _analysis(update.compile())}
 
 
 def _flags(args) -> list[str]:
@@ -207,7 +213,7 @@ def _mib(x: float | None) -> str:
   return "n/a" if x is None or x < 0 else f"{x / MiB:.1f}"
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
   parser = workload_parser(__doc__)
   parser.add_argument("--small", type=int, default=8, help="the smaller population size N")
   parser.add_argument("--large", type=int, default=32, help="the larger population size N")
@@ -221,6 +227,43 @@ def main(argv=None):
   )
   parser.add_argument("--tolerance", type=float, default=0.10, help="goal: ratio <= 1 + this")
   parser.add_argument("--_child", type=int, default=None, help=argparse.SUPPRESS)
+  return parser
+
+
+def _print_figures(args, a: dict, b: dict) -> None:
+  """The table of both N's figures: resident set, step growth and time, XLA's analysis."""
+  rows = [
+    ("peak RSS, load (MiB)", "load_peak"),
+    ("peak RSS, first step incl. compile (MiB)", "first_peak"),
+    ("RSS before the timed step (MiB)", "rss_before"),
+    ("peak RSS, compiled step (MiB)", "step_peak"),
+  ]
+  print(f"\n{'':<44} {'N=' + str(args.small):>10} {'N=' + str(args.large):>10} {'ratio':>7}")
+  for label, key in rows:
+    print(f"{label:<44} {_mib(a[key]):>10} {_mib(b[key]):>10} {b[key] / a[key]:7.3f}")
+  growth_a, growth_b = a["step_peak"] - a["rss_before"], b["step_peak"] - b["rss_before"]
+  print(
+    f"{'step growth above RSS before it (MiB)':<44} {_mib(growth_a):>10} {_mib(growth_b):>10} "
+    f"{growth_b / max(growth_a, 1):7.3f}"
+  )
+  print(f"{'step seconds (compiled)':<44} {a['step_seconds']:10.2f} {b['step_seconds']:10.2f}")
+  for prog in ("evaluate", "update"):
+    xa, xb = a[f"xla_{prog}"], b[f"xla_{prog}"]
+    if xa is None or xb is None:
+      print(f"XLA memory analysis of {prog}: not available on this backend")
+      continue
+    for field in ("argument", "output", "temp", "total"):
+      label = f"XLA {prog}: {field} (MiB)"
+      ratio = f"{xb[field] / xa[field]:7.3f}" if xa[field] else f"{'-':>7}"
+      print(f"{label:<44} {_mib(xa[field]):>10} {_mib(xb[field]):>10} {ratio}")
+    print(
+      f"{f'XLA {prog}: total / θ':<44} {xa['total'] / a['param_bytes']:10.2f} "
+      f"{xb['total'] / b['param_bytes']:10.2f}"
+    )
+
+
+def main(argv=None):
+  parser = _parser()
   args = parser.parse_args(argv)
   if args._child is not None:
     print(_MARKER + json.dumps(child(args)), flush=True)
@@ -251,36 +294,7 @@ def main(argv=None):
       "note: /proc/self/clear_refs is not writable: 'first step' and 'step' peaks are process "
       "peaks (load included)"
     )
-
-  rows = [
-    ("peak RSS, load (MiB)", "load_peak"),
-    ("peak RSS, first step incl. compile (MiB)", "first_peak"),
-    ("RSS before the timed step (MiB)", "rss_before"),
-    ("peak RSS, compiled step (MiB)", "step_peak"),
-  ]
-  print(f"\n{'':<44} {'N=' + str(args.small):>10} {'N=' + str(args.large):>10} {'ratio':>7}")
-  for label, key in rows:
-    print(f"{label:<44} {_mib(a[key]):>10} {_mib(b[key]):>10} {b[key] / a[key]:7.3f}")
-  growth_a, growth_b = a["step_peak"] - a["rss_before"], b["step_peak"] - b["rss_before"]
-  print(
-    f"{'step growth above RSS before it (MiB)':<44} {_mib(growth_a):>10} {_mib(growth_b):>10} "
-    f"{growth_b / max(growth_a, 1):7.3f}"
-  )
-  print(f"{'step seconds (compiled)':<44} {a['step_seconds']:10.2f} {b['step_seconds']:10.2f}")
-  for prog in ("evaluate", "update"):
-    xa, xb = a[f"xla_{prog}"], b[f"xla_{prog}"]
-    if xa is None or xb is None:
-      print(f"XLA memory analysis of {prog}: not available on this backend")
-      continue
-    for field in ("argument", "output", "temp", "total"):
-      label = f"XLA {prog}: {field} (MiB)"
-      ratio = f"{xb[field] / xa[field]:7.3f}" if xa[field] else f"{'-':>7}"
-      print(f"{label:<44} {_mib(xa[field]):>10} {_mib(xb[field]):>10} {ratio}")
-    print(
-      f"{f'XLA {prog}: total / θ':<44} {xa['total'] / a['param_bytes']:10.2f} "
-      f"{xb['total'] / b['param_bytes']:10.2f}"
-    )
-
+  _print_figures(args, a, b)
   ratio = b["step_peak"] / a["step_peak"]
   first_ratio = b["first_peak"] / a["first_peak"]
   xla = ""

@@ -60,7 +60,7 @@ def _score(tokens, mask):
   return mask.mean(axis=-1)
 
 
-def main(argv=None):
+def _parse(argv) -> argparse.Namespace:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--model", default="default")
   parser.add_argument("--population", type=int, default=4)
@@ -73,9 +73,12 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--mesh", action="store_true", help="split members over all devices")
   parser.add_argument("--skip_prng", action="store_true", help="skip the rbg/unsafe_rbg runs")
-  args = parser.parse_args(argv)
-  N, P, S, T = args.population, args.prompts, args.prompt_len, args.max_new_tokens
+  return parser.parse_args(argv)
 
+
+def _load(args: argparse.Namespace):
+  """(params, model config, mesh or None) of `args.model`, with the run's settings printed."""
+  N, P, S, T = args.population, args.prompts, args.prompt_len, args.max_new_tokens
   t0 = time.perf_counter()
   if args.model == "default":
     model, _ = load_default()
@@ -94,10 +97,13 @@ def main(argv=None):
   mesh = sharding.make_mesh() if args.mesh else None
   if mesh is not None:
     params = sharding.shard_params(params, mesh)
-  rng = np.random.RandomState(0)
-  ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
-  mask = np.ones((P, S), bool)
-  step_key = jax.random.key(1)
+  return params, config, mesh
+
+
+def _evaluation_times(args, params, config, mesh, ids, mask, step_key) -> dict[str, float]:
+  """Times the population evaluations against inference, prints them and their ratios; returns
+  {case: best seconds}."""
+  N, P, T = args.population, args.prompts, args.max_new_tokens
   work = N * P * T  # generated tokens per evaluation (EOS disabled)
   M, r = args.members_per_chunk, args.rank
 
@@ -148,7 +154,13 @@ def main(argv=None):
   print(f"  full rank / low rank, vmapped:       {best[full_vmap] / best[low_vmap]:.3f}")
   if not args.skip_prng:
     print(f"  full rank looped: threefry / rbg:    {best[full_loop] / best[full_rbg]:.3f}")
+  return best
 
+
+def _noise_times(args, params, step_key, looped_seconds: float) -> None:
+  """Times one member's noise (full rank per PRNG, low-rank factors) and prints it beside the
+  looped full-rank evaluation's time per member."""
+  r = args.rank
   full_spec, low_spec = noise.NoiseSpec(1), noise.NoiseSpec(1, rank=r)
   perturb = jax.jit(lambda p, k: members.perturb_member(p, k, 0, args.sigma, full_spec))
   low_rank = jax.jit(lambda p, k: noise.member_noise(p, k, 0, low_spec))
@@ -165,8 +177,20 @@ def main(argv=None):
     print(f"{name:<40} {first:7.2f}s {b:7.3f}s  {ref / b:7.2f}x")
   print(
     f"full-rank threefry noise / full-rank looped evaluation, per member: "
-    f"{ref / (best[full_loop] / N):.2f}"
+    f"{ref / (looped_seconds / args.population):.2f}"
   )
+
+
+def main(argv=None):
+  args = _parse(argv)
+  params, config, mesh = _load(args)
+  rng = np.random.RandomState(0)
+  P, S = args.prompts, args.prompt_len
+  ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
+  mask = np.ones((P, S), bool)
+  step_key = jax.random.key(1)
+  best = _evaluation_times(args, params, config, mesh, ids, mask, step_key)
+  _noise_times(args, params, step_key, best["full rank, looped (M=1)"])
 
 
 if __name__ == "__main__":

@@ -125,7 +125,7 @@ def sequential_step(params, ids, mask, *, config, step_key, sigma, lr, n, max_ne
   return params, fitness
 
 
-def main(argv=None):
+def _parse(argv) -> argparse.Namespace:
   parser = workload_parser(__doc__)
   parser.add_argument("--population", type=int, default=16, help="N: population size")
   parser.add_argument(
@@ -139,28 +139,13 @@ def main(argv=None):
     default=True,
     help="also time the batched step with M = 1",
   )
-  args = parser.parse_args(argv)
-  N, P, S, T, M = (
-    args.population,
-    args.prompts,
-    args.prompt_len,
-    args.max_new_tokens,
-    args.members_per_chunk,
-  )
+  return parser.parse_args(argv)
 
-  t0 = time.perf_counter()
-  params0, config = load_params(args.model)
-  n_params = sum(x.size for x in jax.tree.leaves(params0))
-  print(
-    f"model {args.model} ({n_params / 1e6:.2f}M params) ready in {time.perf_counter() - t0:.1f}s; "
-    f"{jax.device_count()} x {jax.devices()[0].platform}; N={N} members x P={P} prompts x T={T} "
-    f"tokens (prompt length {S}), M={M}, sigma={args.sigma}, {args.prng} keys, "
-    f"jax {jax.__version__}; load average {os.getloadavg()[0]:.1f} (other processes skew timings)"
-  )
-  rng = np.random.RandomState(0)
-  ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
-  mask = np.ones((P, S), bool)
-  step_key = jax.random.key(1, impl=args.prng)
+
+def _sides(args, config, ids, mask, step_key) -> dict:
+  """{side name: fn(params, phases) -> (new params, fitness)}: batched with M (and M = 1 with
+  --looped), then the sequential seed scheme."""
+  N, T, M = args.population, args.max_new_tokens, args.members_per_chunk
   spec = noise.NoiseSpec(N)  # the evaluation's and the update's
   optimizer = optax.chain(es.es_gradient(spec), optax.sgd(args.learning_rate))
 
@@ -207,7 +192,12 @@ def main(argv=None):
   if args.looped and M != 1:
     sides["batched (M=1)"] = functools.partial(batched_step, members_per_chunk=1)
   sides["sequential (seed scheme)"] = run_sequential
-  batched, seq = f"batched (M={M})", "sequential (seed scheme)"
+  return sides
+
+
+def _time_sides(sides: dict, params0, repeats: int):
+  """(first-step seconds, timed seconds, last (params, fitness), phase seconds) per side; each
+  step from a fresh copy of `params0`, the sides interleaved."""
 
   def fresh():
     return _sync(jax.tree.map(jnp.copy, params0))
@@ -218,7 +208,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     results[name] = fn(fresh(), phases=collections.defaultdict(float))
     first[name] = time.perf_counter() - t0
-  for _ in range(args.repeats):  # interleaved, so background load skews every side alike
+  for _ in range(repeats):  # interleaved, so background load skews every side alike
     for name, fn in sides.items():
       params = fresh()
       t0 = time.perf_counter()
@@ -227,8 +217,12 @@ def main(argv=None):
       if not np.array_equal(fitness, results[name][1]):
         raise AssertionError(f"{name}: fitness changed between repeats")
       results[name] = (new_params, fitness)
+  return first, times, results, phases
 
-  # Equal greedy fitness, and the same update up to rounding.
+
+def _check_agreement(results: dict, batched: str, params0) -> dict[str, float]:
+  """Asserts equal greedy fitness on every side; prints it and returns each side's max |Δθ|
+  from the batched side's update (the same up to rounding)."""
   ref_params, ref_fitness = results[batched]
   for name, (_, fitness) in results.items():
     if not np.array_equal(fitness, ref_fitness):
@@ -249,9 +243,39 @@ def main(argv=None):
     for a, b in zip(jax.tree.leaves(ref_params), jax.tree.leaves(params0), strict=True)
   )
   print(
-    f"fitness equal on every side ({len(np.unique(ref_fitness))} distinct values over {N} "
-    f"members, mean {ref_fitness.mean():.4f}); update moved θ by up to {moved:.3g}"
+    f"fitness equal on every side ({len(np.unique(ref_fitness))} distinct values over "
+    f"{ref_fitness.size} members, mean {ref_fitness.mean():.4f}); update moved θ by up to "
+    f"{moved:.3g}"
   )
+  return deltas
+
+
+def main(argv=None):
+  args = _parse(argv)
+  N, P, S, T, M = (
+    args.population,
+    args.prompts,
+    args.prompt_len,
+    args.max_new_tokens,
+    args.members_per_chunk,
+  )
+  t0 = time.perf_counter()
+  params0, config = load_params(args.model)
+  n_params = sum(x.size for x in jax.tree.leaves(params0))
+  print(
+    f"model {args.model} ({n_params / 1e6:.2f}M params) ready in {time.perf_counter() - t0:.1f}s; "
+    f"{jax.device_count()} x {jax.devices()[0].platform}; N={N} members x P={P} prompts x T={T} "
+    f"tokens (prompt length {S}), M={M}, sigma={args.sigma}, {args.prng} keys, "
+    f"jax {jax.__version__}; load average {os.getloadavg()[0]:.1f} (other processes skew timings)"
+  )
+  rng = np.random.RandomState(0)
+  ids = rng.randint(0, min(config.vocab_size, 10_000), (P, S)).astype(np.int32)
+  mask = np.ones((P, S), bool)
+  step_key = jax.random.key(1, impl=args.prng)
+  sides = _sides(args, config, ids, mask, step_key)
+  batched, seq = f"batched (M={M})", "sequential (seed scheme)"
+  first, times, results, phases = _time_sides(sides, params0, args.repeats)
+  deltas = _check_agreement(results, batched, params0)
 
   work = N * P * T
   print(f"\n{'ES step':<28} {'first':>8} {'best':>8} {'mean':>8} {'tok/s':>8}  max |Δθ| vs batched")

@@ -125,6 +125,37 @@ def bench_es_jax(model, tokenizer, prompts, args) -> dict[str, float]:
   return {"tok_s": tokens_generated / total, "gen_share": gen / total, "step_s": total / len(times)}
 
 
+def _trl_config(grpo_config, out_dir: str, args, batch_rows: int, steps: int):
+  """TRL's `GRPOConfig` for the same step as es_jax's: P·G rows of exactly T tokens sampled at
+  temperature 1, no KL, group-scaled advantages, float32 on the CPU."""
+  micro = args.micro_batch_size
+  return grpo_config(
+    output_dir=out_dir,
+    per_device_train_batch_size=micro,
+    gradient_accumulation_steps=batch_rows // micro,
+    num_generations=args.generations,
+    max_completion_length=args.max_new_tokens,
+    generation_kwargs={"min_new_tokens": args.max_new_tokens},
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    beta=0.0,
+    loss_type="grpo",
+    scale_rewards="group",
+    learning_rate=1e-6,
+    max_steps=steps,
+    bf16=False,
+    gradient_checkpointing=False,
+    use_cpu=True,
+    logging_steps=1,
+    report_to="none",
+    save_strategy="no",
+    shuffle_dataset=False,
+    seed=0,
+    disable_tqdm=True,
+  )
+
+
 def bench_trl(hf_dir, tokenizer, prompts, args) -> dict[str, float] | None:
   try:
     import torch
@@ -134,7 +165,7 @@ def bench_trl(hf_dir, tokenizer, prompts, args) -> dict[str, float] | None:
   except ImportError as e:
     print(f"NOTE: TRL comparison skipped ({e}); `pip install trl` to run it.")
     return None
-  G, T, micro = args.generations, args.max_new_tokens, args.micro_batch_size
+  G, micro = args.generations, args.micro_batch_size
   batch_rows = len(prompts) * G
   if batch_rows % micro:
     raise ValueError(f"P·G={batch_rows} is not divisible by --micro_batch_size={micro}.")
@@ -168,31 +199,7 @@ def bench_trl(hf_dir, tokenizer, prompts, args) -> dict[str, float] | None:
   steps = args.steps + 1
   dataset = Dataset.from_dict({"prompt": [p for _ in range(steps) for p in prompts]})
   with tempfile.TemporaryDirectory() as out_dir:
-    config = GRPOConfig(
-      output_dir=out_dir,
-      per_device_train_batch_size=micro,
-      gradient_accumulation_steps=batch_rows // micro,
-      num_generations=G,
-      max_completion_length=T,
-      generation_kwargs={"min_new_tokens": T},
-      temperature=1.0,
-      top_p=1.0,
-      top_k=0,
-      beta=0.0,
-      loss_type="grpo",
-      scale_rewards="group",
-      learning_rate=1e-6,
-      max_steps=steps,
-      bf16=False,
-      gradient_checkpointing=False,
-      use_cpu=True,
-      logging_steps=1,
-      report_to="none",
-      save_strategy="no",
-      shuffle_dataset=False,
-      seed=0,
-      disable_tqdm=True,
-    )
+    config = _trl_config(GRPOConfig, out_dir, args, batch_rows, steps)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
     timer = StepTimer()
     trainer = TimedGRPOTrainer(

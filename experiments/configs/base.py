@@ -72,16 +72,68 @@ def base_config() -> ml_collections.ConfigDict:
   # source: default (bundled SmolLM2 GGUF) | hf | gguf | orbax | random. "random" builds
   # `preset` with random weights and the bundled SmolLM2 tokenizer (for smoke runs and tests).
   # dtype: the compute dtype; "" keeps the checkpoint's (bf16 for the paper's HF checkpoints),
-  # or "bfloat16" / "float32" / "float16". Master weights: see es.precision, grpo.master_dtype.
+  # or "bfloat16" / "float32" / "float16". Master weights: see es.master_dtype, grpo.master_dtype.
   c.model = dict(
     source="default", path="", base_source="default", base_path="", preset="", dtype=""
   )
+  c.data = _data()
+  c.eval = _eval()
+  c.es = _es()
+  c.grpo = _grpo()
+  c.sequential = _sequential()
+  c.checkpoint = dict(every=5, keep=3, async_save=True)
+  c.export_hf = True  # write the final params as an HF directory (workdir/hf)
+  # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
+  # to fit the chip's HBM (before the first step); False skips the check.
+  c.mesh = dict(pop=0, model=1, check_memory=True)
+  c.progress = True
+  # Training completions for reading what the model wrote (experiments/samples_log.py): every
+  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
+  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
+  # and TensorBoard text.
+  c.log_samples_every = 10
+  c.log_samples = 4
+  # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
+  # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
+  c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
+  # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
+  # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
+  # ema_decay: the smoothing, a debiased EMA s_t = d·s_{t-1} + (1-d)·r_t, ŝ_t = s_t / (1 - d^t)
+  # (0 = none); tolerance: the smallest N within this of the largest N's smoothed reward.
+  c.population_sweep = dict(sizes="8,16,32,64", ema_decay=0.99, tolerance=0.01, evaluate=False)
+  c.sparsity = dict(
+    tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
+  )
+  c.diversity = _diversity()
+  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
+  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
+  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
+  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
+  # and sparsity of the ES-type runs against the null-walk prediction.
+  c.fair = dict(
+    calibrate=True,
+    alpha_ratios=(0.5, 0.25, 1.0),
+    grpo_lrs=(1e-5, 3e-6, 3e-5),
+    pilot_steps=6,
+    diversity=True,
+  )
+  # method="report": a report across runs, read from their files (experiments/report.py).
+  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
+  # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
+  # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
+  # WORKDIR/report.
+  c.report = dict(workdirs="", names="", out="")
+  return c
+
+
+def _data() -> dict:
+  """The training task: what a step's prompts are and how completions are scored."""
   # task: a dataset of es_jax.data.TASKS, "reasoning_gym/<task>", or "file": your own
   # question/answer file `path` (.jsonl, .json, .csv, .parquet, or a `datasets` save_to_disk
   # split directory; es_jax.data.files) whose fields
   # `question_field` / `answer_field` hold question and gold answer, with `reward` a reward name
   # or "module:function" / "file.py:function" (completion: str, example: dict) -> float.
-  c.data = dict(
+  return dict(
     task="reasoning_gym/chain_sum",
     path="",  # task "file": the question/answer file
     question_field="question",  # task "file": the field shown to the model
@@ -102,7 +154,11 @@ def base_config() -> ml_collections.ConfigDict:
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
   )
-  c.eval = dict(
+
+
+def _eval() -> dict:
+  """Held-out evaluation: periodic (a small slice every `every` steps) and final."""
+  return dict(
     task="reasoning_gym/chain_sum",
     # task "file": the held-out file ("" = data.path, the training file); fields, template and
     # reward are data's
@@ -132,7 +188,11 @@ def base_config() -> ml_collections.ConfigDict:
     # not in the macro average. E.g. held-out tasks to check for forgetting (docs/method.md §7).
     extra_tasks=(),
   )
-  c.es = dict(
+
+
+def _es() -> dict:
+  """ES hyperparameters (docs/method.md §1-2)."""
+  return dict(
     num_steps=10,
     population_size=32,  # N
     sigma=1.5e-3,
@@ -145,18 +205,22 @@ def base_config() -> ml_collections.ConfigDict:
     rank=0,  # 0 = full rank; r > 0 = EGGROLL low rank r
     low_rank_vectors="full",  # "full" | "frozen": non-matrix leaves in low rank
     # Weights and arithmetic for a bf16 (or fp16) model (docs/method.md §1, "Arithmetic modes");
-    # round = rounding to the model's dtype. fp32 models: fp32 = bf16 = bf16_faithful.
-    #   "fp32": float32 master weights (default): members θ + σε and the update are computed
-    #     in float32, members run in the model's dtype.
-    #   "bf16": weights kept in the model's dtype; θ + σε and θ + Δ rounded once to it (small
-    #     updates below its resolution are lost).
-    #   "bf16_faithful": as "bf16", members round(w + round(σε)) (es_jax.noise.apply_noise).
+    # round = rounding to the model's dtype. For a float32 model all choices compute the same.
+    # master_dtype: the dtype ES keeps and updates the weights in. "float32" (default): float32
+    #   masters; members θ + σε and the update are computed in float32, members run in the
+    #   model's dtype. "": the model's dtype; θ + Δ is rounded once to it (updates below its
+    #   resolution are lost).
+    master_dtype="float32",
+    # arithmetic: how a member θ + σε is formed (es_jax.noise.NoiseSpec's precision).
+    #   "fp32": float32(w) + σε, rounded once to the weights' dtype.
+    #   "bf16_faithful": round(w + round(σε)) (es_jax.noise.apply_noise).
     #   "bf16_shared_noise": Qiu et al.'s code (es_jax.reference_arithmetic): one noise per
     #     tensor shape drawn in bf16, in-place perturb/restore residues, the update summed in bf16.
     #   "bf16_tensor_noise": the understanding-es reproduction's code: per-tensor fp32 noise,
     #     σε rounded once, residues kept, the update summed in fp32 and rounded once.
-    #   The last two need optimizer "sgd", rank 0, antithetic False, zscore or centered_rank.
-    precision="fp32",
+    #   All but "fp32" need master_dtype ""; the last two also optimizer "sgd", rank 0,
+    #   antithetic False and shaping zscore, centered_rank or shuffled.
+    arithmetic="fp32",
     members_per_chunk=1,  # members vmapped together on a device
     max_new_tokens=64,
     temperature=0.0,  # 0 = greedy fitness (the paper's Easy setting)
@@ -167,7 +231,11 @@ def base_config() -> ml_collections.ConfigDict:
     # of fitness differences). False gives each member its own key fold_in(key, i).
     share_sample_key=True,
   )
-  c.grpo = dict(
+
+
+def _grpo() -> dict:
+  """GRPO hyperparameters (docs/method.md §3)."""
+  return dict(
     num_steps=10,
     num_generations=8,  # G
     learning_rate=1e-6,
@@ -191,7 +259,11 @@ def base_config() -> ml_collections.ConfigDict:
     temperature=1.0,
     top_p=1.0,
   )
-  c.sequential = dict(
+
+
+def _sequential() -> dict:
+  """The two-stage schedule (docs/method.md §4)."""
+  return dict(
     order="grpo_es",  # "grpo_es" | "es_grpo"
     total_steps=20,  # one budget of update steps shared by the two stages
     first_fraction=0.5,  # share of total_steps given to the first stage
@@ -199,29 +271,10 @@ def base_config() -> ml_collections.ConfigDict:
     # "stage1" (the ES stage's output). GRPO→ES has no KL in its second stage.
     kl_reference="base",
   )
-  c.checkpoint = dict(every=5, keep=3, async_save=True)
-  c.export_hf = True  # write the final params as an HF directory (workdir/hf)
-  # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
-  # to fit the chip's HBM (before the first step); False skips the check.
-  c.mesh = dict(pop=0, model=1, check_memory=True)
-  c.progress = True
-  # Training completions for reading what the model wrote (experiments/samples_log.py): every
-  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
-  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
-  # and TensorBoard text.
-  c.log_samples_every = 10
-  c.log_samples = 4
-  # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
-  # "grpo_es", "es_grpo"; es_coverage is ES with es.shaping="coverage").
-  c.demo = dict(runs="es,grpo,grpo_es,es_grpo")
-  # method="sparsity" (docs/method.md §7): a tuned run / checkpoint / HF dir against config.model.
-  # method="population_sweep" (docs/method.md §8): ES once per N; smoothed training reward per N.
-  # ema_decay: the smoothing, a debiased EMA s_t = d·s_{t-1} + (1-d)·r_t, ŝ_t = s_t / (1 - d^t)
-  # (0 = none); tolerance: the smallest N within this of the largest N's smoothed reward.
-  c.population_sweep = dict(sizes="8,16,32,64", ema_decay=0.99, tolerance=0.01, evaluate=False)
-  c.sparsity = dict(
-    tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
-  )
+
+
+def _diversity() -> dict:
+  """The population diversity study and σ calibration (docs/method.md §6, §6.1)."""
   # method="diversity" (docs/method.md §6): n samples per member per eval problem; JS_succ, unions,
   # JS_pol. run: an ES run dir ("" = config.model with config.es); step: its checkpoint (-1 the
   # newest); key_step: the step key's global step (-1: the params' step, the run's own key);
@@ -231,7 +284,7 @@ def base_config() -> ml_collections.ConfigDict:
   # method="calibrate" (docs/method.md §6.1): the population around the base model for each of
   # `sigmas` on the first `limit` training problems; recommends the smallest σ with at least
   # `min_changed` of greedy completions changed and mean fitness >= base - `fitness_tolerance`.
-  c.diversity = dict(
+  return dict(
     run="",
     step=-1,
     key_step=-1,
@@ -251,25 +304,6 @@ def base_config() -> ml_collections.ConfigDict:
     min_changed=0.1,
     fitness_tolerance=0.05,
   )
-  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
-  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
-  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
-  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
-  # and sparsity of the ES-type runs against the null-walk prediction.
-  c.fair = dict(
-    calibrate=True,
-    alpha_ratios=(0.5, 0.25, 1.0),
-    grpo_lrs=(1e-5, 3e-6, 3e-5),
-    pilot_steps=6,
-    diversity=True,
-  )
-  # method="report": a report across runs, read from their files (experiments/report.py).
-  # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
-  # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
-  # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
-  # WORKDIR/report.
-  c.report = dict(workdirs="", names="", out="")
-  return c
 
 
 def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_data: str | None):

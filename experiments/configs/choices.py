@@ -3,8 +3,8 @@
 
 `experiments.config_check` validates with them and the runners read their meaning from here, so
 each is declared once and the checker never imports a runner. Names the library owns stay in the
-library: es_jax.fitness.SHAPINGS, es_jax.metrics.JS_CORRECTIONS, es_jax.noise.SPEC_PRECISIONS,
-es_jax.grpo.AGGREGATIONS, es_jax.models.PRESETS.
+library: es_jax.fitness.SHAPINGS, es_jax.metrics.JS_CORRECTIONS, es_jax.noise.SPEC_PRECISIONS
+(named here as es.arithmetic's values), es_jax.grpo.AGGREGATIONS, es_jax.models.PRESETS.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ MODEL_SOURCES = ("default", "hf", "gguf", "orbax")
 MODEL_DTYPES = ("", "bfloat16", "float32", "float16")  # model.dtype; "" keeps the checkpoint's
 
 ES_OPTIMIZERS = ("sgd", "adam")  # es.optimizer
-# es.precision. "bf16": "fp32" arithmetic on weights kept in the model's dtype; the rest are
-# es_jax.noise.NoiseSpec's.
-ES_PRECISIONS = ("bf16", *noise.SPEC_PRECISIONS)
+# es.arithmetic: how a member θ + σε is formed, es_jax.noise.NoiseSpec's `precision`.
+ES_ARITHMETICS = noise.SPEC_PRECISIONS
 ES_LOW_RANK_VECTORS = ("full", "frozen")  # es.low_rank_vectors
 
-GRPO_MASTER_DTYPES = ("float32", "")  # grpo.master_dtype; "" = the model's dtype
+# es.master_dtype and grpo.master_dtype: the dtype the trained weights are kept and updated in;
+# "" = the model's dtype (model.dtype).
+MASTER_DTYPES = ("float32", "")
 # grpo.advantage_std -> the `std` argument of es_jax.grpo.group_advantages.
 GRPO_ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
 
