@@ -302,7 +302,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   import ml_dtypes
   from ml_collections import ConfigDict
 
-  from experiments import es as es_runner
+  from experiments import es_runner
   from experiments.configs import choices
 
   rng = np.random.default_rng(0)
