@@ -8,7 +8,7 @@ from es_jax import (
   data,
   fitness,
   grpo,
-  grpo_train,
+  grpo_update,
   integrity,
   members,
   metrics,

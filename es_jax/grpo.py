@@ -27,19 +27,21 @@ STD_MODES = ("population", "unbiased", None)
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
 
 
-def check_hyperparameters(aggregation: str, beta: Any, eps_low: Any, eps_high: Any) -> float | None:
+def check_hyperparameters(
+  aggregation: str, beta: Any, eps_low: Any, eps_high: Any, *, prefix: str = ""
+) -> float | None:
   """Raises ValueError for a bad ``aggregation``, or a concrete ``beta < 0``, ``eps_low`` outside
-  [0, 1) or ``eps_high < 0`` (traced values cannot be checked); returns ``beta`` as a float, or
-  None when it is traced."""
+  [0, 1) or ``eps_high < 0`` (traced values cannot be checked), the message starting with
+  ``prefix`` and the argument's name; returns ``beta`` as a float, or None when it is traced."""
   if aggregation not in AGGREGATIONS:
-    raise ValueError(f"aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
+    raise ValueError(f"{prefix}aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
   beta_value, lo, hi = (_checks.concrete_float(x) for x in (beta, eps_low, eps_high))
   if beta_value is not None and not beta_value >= 0.0:
-    raise ValueError(f"beta={beta_value} must be >= 0 (the weight of the KL penalty).")
+    raise ValueError(f"{prefix}beta={beta_value} must be >= 0 (the weight of the KL penalty).")
   if lo is not None and not 0.0 <= lo < 1.0:
-    raise ValueError(f"eps_low={lo} must be in [0, 1) (ratio clipped at 1 - eps_low).")
+    raise ValueError(f"{prefix}eps_low={lo} must be in [0, 1) (ratio clipped at 1 - eps_low).")
   if hi is not None and not hi >= 0.0:
-    raise ValueError(f"eps_high={hi} must be >= 0 (ratio clipped at 1 + eps_high).")
+    raise ValueError(f"{prefix}eps_high={hi} must be >= 0 (ratio clipped at 1 + eps_high).")
   return beta_value
 
 
@@ -194,26 +196,46 @@ def grpo_loss(
     ref_logp: [B, T] log π_ref under the frozen reference, or None when beta is 0.
     advantages: [B] one advantage per sequence (e.g. `group_advantages(...)[0].reshape(-1)`).
     mask: [B, T] 1 (or True) for completion tokens, 0 for padding and prompt tokens.
-    eps_low: lower clip width, ρ is clipped below at 1 − eps_low; in [0, 1).
-    eps_high: upper clip width, ρ is clipped above at 1 + eps_high (DAPO's clip-higher: > eps_low).
+    eps_low, eps_high: clip widths, eps_low in [0, 1) (DAPO's clip-higher: eps_high > eps_low).
     beta: weight of the k3 KL penalty; >= 0.
-    aggregation: one of "seq_mean_token_mean", "token_mean", "dr_grpo" (static).
+    aggregation: one of `AGGREGATIONS` (static).
     entropy: optional [B, T] per-token policy entropy, only reported (masked token mean).
-    max_length: Dr.GRPO's normaliser (static), e.g. the generation budget max_new_tokens, so the
-      loss scale does not depend on how far a batch was padded; defaults to T.
+    max_length: Dr.GRPO's normaliser (static; default T), e.g. max_new_tokens, so the loss scale
+      does not depend on how far a batch was padded.
 
   Returns:
-    (loss, metrics): float32 scalar loss and float32 scalar metrics, token means over valid tokens:
-    `kl` (mean k3; 0 without a reference), `ratio_mean` (mean ρ), `clip_frac_low` (fraction of
-    tokens with Â_b < 0 and ρ < 1 − eps_low), `clip_frac_high` (Â_b > 0 and ρ > 1 + eps_high),
-    `clip_frac` (their sum; exactly the tokens whose surrogate gradient the clip zeroes),
-    `pg_loss` (L with β = 0), `num_tokens`, and `entropy` when given.
+    (loss, metrics), float32 scalars; the metrics are means over valid tokens: `kl` (k3; 0
+    without a reference), `ratio_mean` (ρ), `clip_frac_low` (Â_b < 0 and ρ < 1 − eps_low),
+    `clip_frac_high` (Â_b > 0 and ρ > 1 + eps_high), `clip_frac` (their sum: the tokens whose
+    surrogate gradient the clip zeroes), `pg_loss` (L with β = 0), `num_tokens`, `entropy` if given.
 
   Raises:
-    ValueError: mismatched shapes, an unknown aggregation, beta < 0, ref_logp None with beta > 0
-      (or a traced beta), eps_low outside [0, 1), eps_high < 0, or max_length < T.
+    ValueError: mismatched shapes, a bad setting (`check_hyperparameters`), ref_logp None with a
+      beta other than 0.0, or max_length < T.
   """
   logp = jnp.asarray(logp)
+  max_length = _check_loss_inputs(logp, old_logp, ref_logp, advantages, mask, entropy, max_length)
+  beta_value = check_hyperparameters(aggregation, beta, eps_low, eps_high)
+  if ref_logp is None and beta_value != 0.0:
+    beta_is = f"beta={beta_value}" if beta_value is not None else "beta is traced (unknown value)"
+    raise ValueError(
+      f"ref_logp is None but {beta_is}; pass the reference log-probabilities, or beta=0.0 as a "
+      "Python float (not a traced argument) to train without the KL term."
+    )
+  valid = jnp.asarray(mask) > 0  # [B, T]
+  ratio, adv, pg, kl = _surrogate_and_kl(
+    logp, old_logp, ref_logp, advantages, valid, eps_low, eps_high
+  )
+  per_token = pg if ref_logp is None else pg + beta * kl
+  loss = _aggregate(per_token, valid, aggregation, max_length)
+  metrics = _loss_metrics(ratio, adv, pg, kl, valid, eps_low, eps_high, aggregation, max_length)
+  if entropy is not None:
+    metrics["entropy"] = _masked_mean(lax.stop_gradient(entropy).astype(jnp.float32), valid)
+  return loss, metrics
+
+
+def _check_loss_inputs(logp, old_logp, ref_logp, advantages, mask, entropy, max_length) -> int:
+  """Raises ValueError for `grpo_loss` inputs of the wrong shapes; returns its max_length."""
   if logp.ndim != 2:
     raise ValueError(f"logp must be [B, T] (sequences × tokens); got shape {logp.shape}.")
   per_token_inputs = {"old_logp": old_logp, "ref_logp": ref_logp, "mask": mask, "entropy": entropy}
@@ -229,22 +251,19 @@ def grpo_loss(
       f"advantages shape {jnp.shape(advantages)} must be [B] = ({batch},) for logp shape "
       f"{logp.shape}: one advantage per sequence, e.g. group_advantages(r)[0].reshape(-1)."
     )
-  beta_value = check_hyperparameters(aggregation, beta, eps_low, eps_high)
-  if ref_logp is None and beta_value != 0.0:
-    beta_is = f"beta={beta_value}" if beta_value is not None else "beta is traced (unknown value)"
-    raise ValueError(
-      f"ref_logp is None but {beta_is}; pass the reference log-probabilities, or beta=0.0 as a "
-      "Python float (not a traced argument) to train without the KL term."
-    )
   if max_length is None:
-    max_length = length
-  elif max_length < length:
+    return length
+  if max_length < length:
     raise ValueError(
       f"max_length={max_length} is shorter than the padded length T={length} of logp; pass the "
       "generation budget (max_new_tokens) or leave it None."
     )
+  return max_length
 
-  valid = jnp.asarray(mask) > 0  # [B, T]
+
+def _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, eps_low, eps_high):
+  """(ρ, Â [B, 1], the clipped surrogate −min(ρ Â, clip(ρ) Â), k3) per token, float32 [B, T];
+  k3 is 0 without a reference and at padding."""
   logp = logp.astype(jnp.float32)
   old_logp = lax.stop_gradient(old_logp).astype(jnp.float32)
   adv = lax.stop_gradient(advantages).astype(jnp.float32)[:, None]  # [B, 1]
@@ -257,13 +276,15 @@ def grpo_loss(
   if ref_logp is not None:
     ref_logp = lax.stop_gradient(ref_logp).astype(jnp.float32)
     kl = _k3_from_log_ratio(jnp.where(valid, ref_logp - logp, 0.0))  # 0 at padding
-  per_token = pg if ref_logp is None else pg + beta * kl
-  loss = _aggregate(per_token, valid, aggregation, max_length)
+  return ratio, adv, pg, kl
 
+
+def _loss_metrics(ratio, adv, pg, kl, valid, eps_low, eps_high, aggregation, max_length):
+  """`grpo_loss`'s metrics (its docstring), without gradients."""
   ratio_sg, adv_sg = lax.stop_gradient(ratio), adv
   clip_low = (ratio_sg < 1.0 - eps_low) & (adv_sg < 0.0)  # [B, T]
   clip_high = (ratio_sg > 1.0 + eps_high) & (adv_sg > 0.0)  # [B, T]
-  metrics = {
+  return {
     "kl": _masked_mean(lax.stop_gradient(kl), valid),
     "ratio_mean": _masked_mean(ratio_sg, valid),
     "clip_frac_low": _masked_mean(clip_low.astype(jnp.float32), valid),
@@ -272,9 +293,6 @@ def grpo_loss(
     "pg_loss": lax.stop_gradient(_aggregate(pg, valid, aggregation, max_length)),
     "num_tokens": jnp.sum(valid.astype(jnp.float32)),
   }
-  if entropy is not None:
-    metrics["entropy"] = _masked_mean(lax.stop_gradient(entropy).astype(jnp.float32), valid)
-  return loss, metrics
 
 
 def _logprobs_and_entropy(

@@ -1,4 +1,4 @@
-"""GRPO rollouts: G completions per prompt, laid out as one batch for `grpo_train.update_step`.
+"""GRPO rollouts: G completions per prompt, laid out as one batch for `grpo_update.update_step`.
 
 Axis letters as in es_jax.grpo: P prompts, G generations per prompt, B = P·G sequences,
 Sp prompt tokens, S = Sp + T prompt + completion tokens, T completion tokens, V vocabulary.
@@ -18,7 +18,7 @@ from es_jax import _checks
 from es_jax.grpo import group_advantages, token_logprobs_from_logits
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import Params, cast_params, forward, positions_from_mask
-from es_jax.sampling import Completions, generate
+from es_jax.sampling import Completions, Decoding, generate
 
 
 @struct.dataclass
@@ -52,11 +52,7 @@ def rollout(
   config: ModelConfig,
   key: jax.Array,
   num_generations: int,
-  max_new_tokens: int,
-  temperature: float = 1.0,
-  top_p: float | None = None,
-  eos_ids: tuple[int, ...] = (),
-  pad_id: int = 0,
+  decoding: Decoding,
   mesh: Mesh | None = None,
   data_axis: str = "pop",
 ) -> tuple[Completions, GRPOBatch]:
@@ -70,8 +66,8 @@ def rollout(
     config: the model config (static).
     key: sampling key.
     num_generations: G >= 2; each prompt is repeated G times (rows p·G .. p·G + G − 1).
-    max_new_tokens: T, the completion budget (static).
-    temperature, top_p, eos_ids, pad_id: passed to `es_jax.sampling.generate` (paper: T = 1.0).
+    decoding: the completion budget T, temperature (paper: 1.0), top-p, stop and pad tokens
+      (`es_jax.sampling.Decoding`).
     mesh: if given, the B = P·G rows are sharded over `data_axis` before sampling.
     data_axis: the mesh axis the batch is split over.
 
@@ -99,12 +95,8 @@ def rollout(
     ids,
     ids_mask,
     key=key,
-    max_new_tokens=max_new_tokens,
-    temperature=temperature,
-    top_p=top_p,
-    eos_ids=eos_ids,
-    pad_id=pad_id,
     config=config,
+    **decoding.generate_kwargs(),
   )
   return completions, _layout(ids, ids_mask, completions)
 

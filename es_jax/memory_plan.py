@@ -256,7 +256,7 @@ def es_update_estimate(
   model: int = 1,
   chip: str = "",
 ) -> Estimate:
-  """`experiments.es._apply`: θ and the optimizer state, donated; the gradient is accumulated
+  """`experiments.es_runner._apply`: θ and the optimizer state, donated; the gradient is accumulated
   in float32 one leaf at a time, so the working set is a few float32 copies of the largest leaf."""
   theta = param_bytes(c, model)
   moments = 2 * param_bytes(c, model, "float32") if optimizer == "adam" else 0
@@ -283,7 +283,7 @@ def grpo_update_estimate(
   master_dtype: str | None = "float32",
   remat: bool = False,
 ) -> Estimate:
-  """`grpo_train._update_step`: the state (masters, AdamW moments) donated, float32 gradient
+  """`grpo_update._update_step`: the state (masters, AdamW moments) donated, float32 gradient
   accumulators, the compute-dtype copy of the masters, and one micro-batch's saved activations.
 
   Per micro-batch of m rows of S tokens, for the backward pass XLA keeps every layer's attention

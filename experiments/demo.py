@@ -30,13 +30,21 @@ from typing import Any
 import ml_collections
 
 from es_jax import preemption
-from experiments import config_check, es, eval_results, evaluate, grpo, report, sequential
+from experiments import (
+  config_check,
+  es_runner,
+  eval_results,
+  evaluate,
+  grpo_runner,
+  report,
+  sequential,
+)
 from experiments.configs.choices import DEMO_RUNS
 from experiments.progress import format_seconds
 
 log = logging.getLogger(__name__)
 
-_RUNNERS = {"es": es.run, "grpo": grpo.run, "sequential": sequential.run}
+_RUNNERS = {"es": es_runner.run, "grpo": grpo_runner.run, "sequential": sequential.run}
 # name -> (method, runner, sequential order, es.shaping; None: the config's), from the choices.
 RUNS = {
   name: (method, _RUNNERS[method], order, shaping)

@@ -169,7 +169,7 @@ class Study:
     self.members = int(d.population_size or es.population_size)
     self.sigma = float(d.sigma or es.sigma)
     self.temperature = float(d.temperature)
-    # The population is split over the mesh's 'pop' axis as in training (experiments.es).
+    # The population is split over the mesh's 'pop' axis as in training (experiments.es_runner).
     self.mesh = run_context.make_mesh(config)
     pop = self.mesh.shape["pop"]
     config_check.check(

@@ -1,4 +1,5 @@
-"""The tasks of a final evaluation: `eval.task` and `eval.extra_tasks` as labelled `TaskSpec`s.
+"""What an evaluation covers and how: its tasks as labelled `TaskSpec`s (`eval.task`, resolved
+by `eval_section`, and `eval.extra_tasks`) and the `EvalSettings` each is evaluated with.
 
 An extra task is a task name, or a dict with "task" and any of `EXTRA_TASK_FIELDS`. Its "average"
 (default True) says whether it enters the macro average of eval/table.md; False gives it a row
@@ -8,21 +9,91 @@ and Countdown, the paper's four, and reports MBPP separately).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+import functools
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import ml_collections
+
+from es_jax import data
 from experiments import run_data
 from experiments.config_check import check
 
+log = logging.getLogger(__name__)
+
 
 class TaskSpec(NamedTuple):
-  """One task of `evaluate.evaluate_tasks`: a unique label, the reward/task name, its examples,
-  and whether it enters the macro average."""
+  """One task of `evaluate.evaluate_model` / `evaluate_tasks`: a unique label (file names,
+  tables), the reward/task name that scores it, its examples, whether it enters the macro
+  average, and optional functions replacing the task's own prompt and scoring."""
 
   label: str
   task: str
   examples: Sequence[dict]
   average: bool = True
+  # example -> prompt text (default: `es_jax.data.format_prompt(example, tokenizer)`).
+  prompt_fn: Callable[[dict], str] | None = None
+  # (completion, example) -> bool (default: `es_jax.rewards.is_correct(..., task=task)`).
+  correct_fn: Callable[[str, dict], bool] | None = None
+  # completion -> normalised answer or None, for Maj@k (default: `es_jax.rewards.answer_key`).
+  answer_fn: Callable[[str], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  """How a task is evaluated: what is sampled, what is kept and what is shown.
+
+  Validated on construction (a ConfigError naming the field, ``EvalSettings.num_samples=0``).
+  The sampling fields (num_samples to eos_ids) are stored in ``<label>.meta.json``: resuming
+  with other values is refused.
+
+  Attributes:
+    num_samples: n, samples per problem at `temperature` (paper: 32).
+    max_new_tokens: decode budget per sample.
+    batch_size: rows per generate call (fixed; see the module docstring for the layout).
+    temperature: sampling temperature (paper: 0.6).
+    top_p: nucleus mass (paper: 1.0, i.e. off).
+    greedy: also decode one greedy sample per problem.
+    eos_ids: tokens ending a sample (None: the tokenizer's EOS).
+    ks: the k of Pass@k and Maj@k in the table; those above n are dropped, 1 is always kept.
+    resume: reuse the finished problems in out_dir's jsonl; False starts over.
+    report: write table.md, table.json and pass_at_k.png for this task alone into out_dir.
+    save_text: also store the decoded completions in the records.
+    keep_samples: write `<label>.samples.jsonl` (with out_dir) for the first this many problems.
+    progress: show a tqdm bar (only when stderr is a terminal).
+    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%, and
+      the summary at INFO (else DEBUG).
+  """
+
+  num_samples: int
+  max_new_tokens: int
+  batch_size: int
+  temperature: float = 0.6
+  top_p: float = 1.0
+  greedy: bool = True
+  eos_ids: tuple[int, ...] | None = None
+  ks: tuple[int, ...] = (1, 16, 32)
+  resume: bool = True
+  report: bool = True
+  save_text: bool = False
+  keep_samples: int = 0
+  progress: bool = True
+  log_progress: bool = False
+
+  def __post_init__(self):
+    need = functools.partial(check, prefix="EvalSettings.")
+    for name in ("num_samples", "max_new_tokens", "batch_size"):
+      value = getattr(self, name)
+      need(int(value) >= 1, name, value, "must be >= 1")
+      object.__setattr__(self, name, int(value))
+    need(self.temperature >= 0, "temperature", self.temperature, "must be >= 0")
+    need(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+    if self.eos_ids is not None:
+      object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
+    object.__setattr__(self, "ks", tuple(self.ks))
 
 
 def task_label(task: str) -> str:
@@ -85,3 +156,19 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec
     taken.add(label)
     specs.append(TaskSpec(label, task, run_data.load_examples(section, field), average))
   return specs
+
+
+def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:
+  """(config.eval as a dict, plus config.progress, the name that scores it, its label). Task
+  "file" reads eval.path, else data.path (the training file: logged as a warning), and scores
+  with data.reward."""
+  ev = config.eval
+  section = {k: ev[k] for k in ev.keys()}
+  section["progress"] = bool(config.get("progress", True))  # TFDS's bars (run_data)
+  if ev.task != data.FILE_TASK:
+    return section, ev.task, task_label(ev.task)
+  if not section.get("path"):
+    section["path"] = config.data.path
+    log.warning("eval.path is empty: evaluating on the training file %s", config.data.path)
+  stem = os.path.splitext(os.path.basename(section["path"]))[0]
+  return section, config.data.reward, task_label(f"file_{stem}")

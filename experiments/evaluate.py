@@ -32,6 +32,7 @@ uninterrupted run's.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -51,7 +52,7 @@ import tqdm
 from es_jax import data, models, preemption, rewards, sampling, sharding
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
-from experiments.eval_tasks import TaskSpec, extra_eval_tasks, task_label
+from experiments.eval_tasks import EvalSettings, TaskSpec, eval_section, extra_eval_tasks
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
 log = logging.getLogger(__name__)
@@ -69,67 +70,31 @@ def evaluate_model(
   params,
   config: models.ModelConfig | None,
   tokenizer,
-  examples: Sequence[dict],
+  task: TaskSpec,
+  settings: EvalSettings,
   *,
-  task: str,
-  num_samples: int,
-  max_new_tokens: int,
-  batch_size: int,
   key: jax.Array,
-  temperature: float = 0.6,
-  top_p: float = 1.0,
-  greedy: bool = True,
-  ks: Sequence[int] = (1, 16, 32),
   out_dir: str | None = None,
-  resume: bool = True,
-  progress: bool = True,
-  label: str | None = None,
-  report: bool = True,
-  eos_ids: Sequence[int] | None = None,
-  prompt_fn: Callable[[dict], str] | None = None,
-  correct_fn: Callable[[str, dict], bool] | None = None,
-  answer_fn: Callable[[str], Any] | None = None,
-  on_problem: Callable[[dict], None] | None = None,
-  save_text: bool = False,
-  keep_samples: int = 0,
   run_info: Mapping[str, Any] | None = None,
-  log_progress: bool = False,
+  on_problem: Callable[[dict], None] | None = None,
   should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
-  """Samples `num_samples` answers per problem (plus a greedy one) and scores them.
+  """Samples `settings.num_samples` answers per problem (plus a greedy one) and scores them.
 
   Args:
     params: a params dict (with `config`), a `Transformer`, or a zero-argument callable returning
       either; the callable is only called when some problem is left to evaluate.
     config: the ModelConfig for a params dict; None otherwise.
     tokenizer: the model's transformers tokenizer (prompts, decoding, EOS and pad ids).
-    examples: the task's examples (`es_jax.data.load_task`).
-    task: the task or reward name for `es_jax.rewards.is_correct` / `answer_key`.
-    num_samples: n, samples per problem at `temperature` (paper: 32).
-    max_new_tokens: decode budget per sample.
-    batch_size: rows per generate call (fixed; see the module docstring for the layout).
+    task: its label (file names, tables), the task or reward name that scores it, its examples
+      (`es_jax.data.load_task`) and optional prompt, correctness and answer functions.
+    settings: what is sampled, kept and shown (`EvalSettings`).
     key: PRNG key; samples are a fixed function of it (module docstring).
-    temperature: sampling temperature (paper: 0.6).
-    top_p: nucleus mass (paper: 1.0, i.e. off).
-    greedy: also decode one greedy sample per problem.
-    ks: the k of Pass@k and Maj@k in the table; those above n are dropped, 1 is always kept.
-    out_dir: where to write `<label>.jsonl`, `<label>.meta.json` (and with `report`, the table and
-      PNG); None keeps everything in memory.
-    resume: reuse the finished problems in out_dir's jsonl; False starts over.
-    progress: show a tqdm bar (only when stderr is a terminal).
-    label: the name in file names and tables (default: `task`).
-    report: write table.md, table.json and pass_at_k.png for this task alone into out_dir.
-    eos_ids: tokens ending a sample (default: the tokenizer's EOS).
-    prompt_fn: example → prompt text (default: `es_jax.data.format_prompt(example, tokenizer)`).
-    correct_fn: (completion, example) → bool (default: `rewards.is_correct(..., task=task)`).
-    answer_fn: completion → normalised answer or None for Maj@k (default: `rewards.answer_key`).
-    on_problem: called with each new record after its line is written.
-    save_text: also store the decoded completions in the records.
-    keep_samples: write `<label>.samples.jsonl` (with out_dir) for the first this many problems.
+    out_dir: where to write `<label>.jsonl`, `<label>.meta.json` (and with `settings.report`, the
+      table and PNG); None keeps everything in memory.
     run_info: JSON-able facts about the run (e.g. the model path) stored with the settings, so a
       resume against a different model is refused.
-    log_progress: log a progress line (problems done, Pass@1 so far, ETA) about every 10%, and
-      the summary at INFO (else DEBUG).
+    on_problem: called with each new record after its line is written.
     should_stop: called before each batch that samples something; True raises
       `EvaluationStopped` (the problems finished so far are already in the jsonl).
 
@@ -137,52 +102,87 @@ def evaluate_model(
     The task summary (`eval_results.summarize`: greedy, pass@k, maj@k, mean_length,
     mean_entropy, curve), plus "records" (per-problem dicts by index), "label", "task" and "timing".
   """
-  label = label or task
-  n = int(num_samples)
+  examples, label, batch_size = task.examples, task.label, settings.batch_size
   _check(len(examples) > 0, "examples", len(examples), "need at least one problem")
-  _check(n >= 1, "num_samples", num_samples, "must be >= 1")
-  _check(batch_size >= 1, "batch_size", batch_size, "must be >= 1")
-  _check(max_new_tokens >= 1, "max_new_tokens", max_new_tokens, "must be >= 1")
-  _check(temperature >= 0, "temperature", temperature, "must be >= 0")
-  _check(0 < top_p <= 1, "top_p", top_p, "must be in (0, 1]")
+  eos_ids = settings.eos_ids
   if eos_ids is None:
-    eos_ids = () if tokenizer.eos_token_id is None else (tokenizer.eos_token_id,)
-  eos_ids = tuple(int(e) for e in eos_ids)
+    eos_ids = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
   pad_id = sampling.pad_id(tokenizer)
-  settings = {
-    "label": label,
-    "task": task,
-    "num_samples": n,
-    "temperature": float(temperature),
-    "top_p": float(top_p),
-    "max_new_tokens": int(max_new_tokens),
-    "batch_size": int(batch_size),
-    "greedy": bool(greedy),
+  meta = _meta(task, settings, eos_ids, pad_id, key, run_info)
+  prompt_fn = task.prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
+  records, stem = _open_records(out_dir, label, meta, settings.resume, examples)
+  writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
+  jsonl = None if stem is None or not writer else stem + ".jsonl"
+  samples = samples_log.EvalSamples(
+    stem + ".samples.jsonl" if stem and writer else None,
+    keep=settings.keep_samples,
+    prompt_fn=prompt_fn,
+    resume=settings.resume,
+    save_text=settings.save_text,
+  )
+  scorer = _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, prompt_fn)
+  progress = _Progress(label, len(examples), len(records), settings)
+  task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
+  for start in range(0, len(examples), batch_size):
+    block = range(start, min(start + batch_size, len(examples)))
+    if all(i in records for i in block):
+      continue
+    if should_stop is not None and should_stop():
+      progress.close()
+      raise EvaluationStopped(f"{label}: stopped before problem {start} of {len(examples)}")
+    block_key = jax.random.fold_in(task_key, start // batch_size)
+    for i, scored in scorer.score_block(examples, block, set(records), block_key):
+      scored = samples.take(i, examples[i], scored)  # its samples line first: no duplicate
+      records[i] = eval_results.make_record(i, examples[i], scored)
+      if jsonl is not None:
+        eval_results.append_record(jsonl, records[i])
+      if on_problem is not None:
+        on_problem(records[i])
+      progress.update(records)
+  seconds = progress.close()
+  if jsonl is not None and scorer.calls:
+    eval_results.append_timing(out_dir, label, seconds=seconds, problems=progress.new(records))
+  return _summary(task, settings, records, scorer, seconds, out_dir if writer else None)
+
+
+def _meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
+  """The sampling settings of `<label>.meta.json`; a resume with other values is refused."""
+  return {
+    "label": task.label,
+    "task": task.task,
+    "num_samples": settings.num_samples,
+    "temperature": float(settings.temperature),
+    "top_p": float(settings.top_p),
+    "max_new_tokens": settings.max_new_tokens,
+    "batch_size": settings.batch_size,
+    "greedy": bool(settings.greedy),
     "eos_ids": list(eos_ids),
     "pad_id": pad_id,
     "key": eval_results.key_json(key),
     "run_info": json.loads(json.dumps(run_info)) if run_info else None,
   }
+
+
+def _open_records(
+  out_dir: str | None, label: str, meta: dict, resume: bool, examples: Sequence[dict]
+) -> tuple[dict[int, dict], str | None]:
+  """(the finished records of out_dir's jsonl by index, the files' stem; None without out_dir).
+
+  Process 0 opens (or repairs, or starts) the jsonl and checks `meta` against the saved
+  settings; the other hosts then read the repaired file. A record whose id is not its example's
+  raises ValueError: the task's data changed."""
   records: dict[int, dict] = {}
-  jsonl = stem = None
-  prompt_fn = prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
-  writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
-  if out_dir is not None:
-    stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
-    jsonl = stem + ".jsonl"
-    if writer:
-      os.makedirs(out_dir, exist_ok=True)
-      records = eval_results.open_records(jsonl, stem + ".meta.json", settings, resume=resume)
-    sharding.sync_hosts(f"es_jax_eval_open_{label}")
-    if not writer and os.path.exists(jsonl):  # the shared workdir's records, as repaired
-      records = {r["index"]: r for r in eval_results.read_records(jsonl)}
-  samples = samples_log.EvalSamples(
-    stem + ".samples.jsonl" if stem and writer else None,
-    keep=keep_samples,
-    prompt_fn=prompt_fn,
-    resume=resume,
-    save_text=save_text,
-  )
+  if out_dir is None:
+    return records, None
+  stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
+  jsonl = stem + ".jsonl"
+  writer = sharding.is_primary()
+  if writer:
+    os.makedirs(out_dir, exist_ok=True)
+    records = eval_results.open_records(jsonl, stem + ".meta.json", meta, resume=resume)
+  sharding.sync_hosts(f"es_jax_eval_open_{label}")
+  if not writer and os.path.exists(jsonl):  # the shared workdir's records, as repaired
+    records = {r["index"]: r for r in eval_results.read_records(jsonl)}
   records = {i: r for i, r in records.items() if i < len(examples)}
   for i, r in records.items():
     if r["id"] != eval_results.example_id(examples[i], i):
@@ -190,76 +190,83 @@ def evaluate_model(
         f"{jsonl}: problem {i} has id {r['id']!r} but the examples give "
         f"{examples[i].get('id')!r}; the task's data changed: use a new out_dir or resume=False."
       )
+  return records, stem
 
-  scorer = eval_sampler.BlockScorer(
+
+def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, prompt_fn):
+  """The `eval_sampler.BlockScorer` of `task` under `settings` (default scoring: the task's)."""
+  return eval_sampler.BlockScorer(
     params,
     config,
     tokenizer,
-    n=n,
-    batch_size=int(batch_size),
-    temperature=float(temperature),
-    greedy=greedy,
+    n=settings.num_samples,
+    batch_size=settings.batch_size,
+    temperature=float(settings.temperature),
+    greedy=settings.greedy,
     generate_kwargs=dict(
-      max_new_tokens=int(max_new_tokens), top_p=top_p, eos_ids=eos_ids, pad_id=pad_id
+      max_new_tokens=settings.max_new_tokens,
+      top_p=settings.top_p,
+      eos_ids=eos_ids,
+      pad_id=pad_id,
     ),
     prompt_fn=prompt_fn,
-    correct_fn=correct_fn or functools.partial(rewards.is_correct, task=task),
-    answer_fn=answer_fn or functools.partial(rewards.answer_key, task=task),
+    correct_fn=task.correct_fn or functools.partial(rewards.is_correct, task=task.task),
+    answer_fn=task.answer_fn or functools.partial(rewards.answer_key, task=task.task),
   )
-  t0, done = time.perf_counter(), len(records)
-  task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
-  tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
-  bar = tqdm.tqdm(
-    total=len(examples),
-    initial=len(records),
-    desc=label,
-    unit="problem",
-    disable=not (progress and tty),
-  )
-  marks = progress_marks(len(examples), done) if log_progress else set()
-  if log_progress and done < len(examples):
-    log.info("eval %s: %d problems (%d done before), n = %d", label, len(examples), done, n)
-  for start in range(0, len(examples), batch_size):
-    block = range(start, min(start + batch_size, len(examples)))
-    if all(i in records for i in block):
-      continue
-    if should_stop is not None and should_stop():
-      bar.close()
-      raise EvaluationStopped(f"{label}: stopped before problem {start} of {len(examples)}")
-    block_key = jax.random.fold_in(task_key, start // batch_size)
-    for i, scored in scorer.score_block(examples, block, set(records), block_key):
-      scored = samples.take(i, examples[i], scored)  # its samples line first: no duplicate
-      records[i] = eval_results.make_record(i, examples[i], scored)
-      if jsonl is not None and writer:
-        eval_results.append_record(jsonl, records[i])
-      if on_problem is not None:
-        on_problem(records[i])
-      pass_at_1 = np.mean([r["c"] / r["n"] for r in records.values()])
-      bar.set_postfix_str(f"pass@1 {pass_at_1:.3f}", refresh=False)
-      bar.update(1)
-      if len(records) in marks:
-        elapsed = time.perf_counter() - t0
-        eta = elapsed / (len(records) - done) * (len(examples) - len(records))
-        times = format_seconds(elapsed), format_seconds(eta)
-        line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
-        log.info(line, label, len(records), len(examples), pass_at_1, *times)
-  bar.close()
-  seconds = time.perf_counter() - t0
-  if jsonl is not None and scorer.calls and writer:
-    eval_results.append_timing(out_dir, label, seconds=seconds, problems=len(records) - done)
+
+
+class _Progress:
+  """An evaluation's tqdm bar, its log lines (with `log_progress`) and its time."""
+
+  def __init__(self, label: str, total: int, done: int, settings: EvalSettings):
+    self.label, self.total, self.done = label, total, done
+    self.t0 = time.perf_counter()
+    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    self.bar = tqdm.tqdm(
+      total=total, initial=done, desc=label, unit="problem", disable=not (settings.progress and tty)
+    )
+    self.marks = progress_marks(total, done) if settings.log_progress else set()
+    if settings.log_progress and done < total:
+      n = settings.num_samples
+      log.info("eval %s: %d problems (%d done before), n = %d", label, total, done, n)
+
+  def new(self, records: Mapping[int, dict]) -> int:
+    """Problems evaluated by this call (not read back from the jsonl)."""
+    return len(records) - self.done
+
+  def update(self, records: Mapping[int, dict]) -> None:
+    """One more problem done: Pass@1 so far on the bar, a log line at about every 10%."""
+    pass_at_1 = np.mean([r["c"] / r["n"] for r in records.values()])
+    self.bar.set_postfix_str(f"pass@1 {pass_at_1:.3f}", refresh=False)
+    self.bar.update(1)
+    if len(records) in self.marks:
+      elapsed = time.perf_counter() - self.t0
+      eta = elapsed / self.new(records) * (self.total - len(records))
+      times = format_seconds(elapsed), format_seconds(eta)
+      line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
+      log.info(line, self.label, len(records), self.total, pass_at_1, *times)
+
+  def close(self) -> float:
+    """Closes the bar; returns the seconds since the start."""
+    self.bar.close()
+    return time.perf_counter() - self.t0
+
+
+def _summary(task, settings, records, scorer, seconds, out_dir) -> dict[str, Any]:
+  """`evaluate_model`'s result; with out_dir and `settings.report`, the task's report too."""
   ordered = [records[i] for i in sorted(records)]
-  summary = eval_results.summarize(ordered, ks=ks)
-  if out_dir is not None and report and writer:
-    eval_results.write_report({label: summary}, out_dir)
+  summary = eval_results.summarize(ordered, ks=settings.ks)
+  if out_dir is not None and settings.report:
+    eval_results.write_report({task.label: summary}, out_dir)
   timing = {
     "seconds": seconds,
     "generate_calls": scorer.calls,
     "new_tokens": scorer.new_tokens,
     "tokens_per_s": scorer.new_tokens / max(seconds, 1e-9),
   }
-  level = logging.INFO if log_progress else logging.DEBUG  # periodic: the caller's own line
-  log.log(level, "eval %s: %s (%.1f s)", label, eval_results.one_line(summary), seconds)
-  return {**summary, "label": label, "task": task, "records": ordered, "timing": timing}
+  level = logging.INFO if settings.log_progress else logging.DEBUG  # periodic: the caller's line
+  log.log(level, "eval %s: %s (%.1f s)", task.label, eval_results.one_line(summary), seconds)
+  return {**summary, "label": task.label, "task": task.task, "records": ordered, "timing": timing}
 
 
 def evaluate_tasks(
@@ -267,21 +274,23 @@ def evaluate_tasks(
   config: models.ModelConfig | None,
   tokenizer,
   tasks: Sequence[TaskSpec],
+  settings: EvalSettings,
   *,
   key: jax.Array,
   out_dir: str | None = None,
-  **kwargs,
+  run_info: Mapping[str, Any] | None = None,
+  should_stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
   """`evaluate_model` on each task, then one table and plot with the macro average.
 
   Args:
-    params, config, tokenizer: as in `evaluate_model`; a loader callable is called at most once.
+    params, config, tokenizer, settings, run_info, should_stop: as in `evaluate_model`; a loader
+      callable is called at most once; `settings.report` is ignored (one report for all tasks).
     tasks: TaskSpecs with unique labels; those with `average` False are left out of the macro
       average (reported in their own rows).
     key: PRNG key; each task draws from fold_in(key, crc32(label)), so tasks do not share samples
       and adding a task does not change the others.
     out_dir: where every task's files and the combined report go.
-    **kwargs: the remaining keyword arguments of `evaluate_model`.
 
   Returns:
     {"tasks": {label: evaluate_model results}, "macro": metrics macro-averaged over the tasks
@@ -292,19 +301,19 @@ def evaluate_tasks(
   _check(len(set(labels)) == len(labels), "tasks labels", labels, "labels must be unique")
   if callable(params) and not isinstance(params, (models.Transformer, Mapping)):
     params = functools.cache(params)
+  each = dataclasses.replace(settings, report=False)
   results = {}
   for spec in tasks:
     results[spec.label] = evaluate_model(
       params,
       config,
       tokenizer,
-      spec.examples,
-      task=spec.task,
-      label=spec.label,
+      spec,
+      each,
       key=key,
       out_dir=out_dir,
-      report=False,
-      **kwargs,
+      run_info=run_info,
+      should_stop=should_stop,
     )
   extra = ("records", "timing", "label", "task")  # table.json holds metrics only (deterministic)
   summaries = {
@@ -335,16 +344,15 @@ class Evaluator:
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
     self.extra = extra_eval_tasks(section, taken={self.label})
 
-  def _kwargs(self, num_samples: int) -> dict[str, Any]:
+  def _settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
-    return dict(
+    return EvalSettings(
       num_samples=num_samples,
-      temperature=float(ev.temperature),
-      top_p=float(ev.top_p),
       max_new_tokens=int(ev.max_new_tokens),
       batch_size=int(ev.batch_size),
+      temperature=float(ev.temperature),
+      top_p=float(ev.top_p),
       ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),
-      key=self.key,
       progress=False,
     )
 
@@ -364,10 +372,9 @@ class Evaluator:
       models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
       model_config,
       self.tokenizer,
-      examples,
-      task=self.task,
-      label=self.label,
-      **self._kwargs(n),
+      TaskSpec(self.label, self.task, examples),
+      self._settings(n),
+      key=self.key,
     )
     return flat_summary(summary, prefix="eval/")
 
@@ -381,34 +388,20 @@ class Evaluator:
       EvaluationStopped: the run's SIGTERM flag was set before a batch.
     """
     n = int(self.config.num_samples)
+    settings = dataclasses.replace(
+      self._settings(n), log_progress=True, keep_samples=int(self.config.keep_samples)
+    )
     return evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
       model_config,
       self.tokenizer,
       [TaskSpec(self.label, self.task, self.examples), *self.extra],
+      settings,
+      key=self.key,
       out_dir=out_dir,
-      log_progress=True,
-      keep_samples=int(self.config.keep_samples),
       run_info=run_info,
       should_stop=preemption.preempted,
-      **self._kwargs(n),
     )
-
-
-def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:
-  """(config.eval as a dict, plus config.progress, the name that scores it, its label). Task
-  "file" reads eval.path, else data.path (the training file: logged as a warning), and scores
-  with data.reward."""
-  ev = config.eval
-  section = {k: ev[k] for k in ev.keys()}
-  section["progress"] = bool(config.get("progress", True))  # TFDS's bars (run_data)
-  if ev.task != data.FILE_TASK:
-    return section, ev.task, task_label(ev.task)
-  if not section.get("path"):
-    section["path"] = config.data.path
-    log.warning("eval.path is empty: evaluating on the training file %s", config.data.path)
-  stem = os.path.splitext(os.path.basename(section["path"]))[0]
-  return section, config.data.reward, task_label(f"file_{stem}")
 
 
 def flat_summary(summary: Mapping[str, Any], prefix: str = "") -> dict[str, float]:

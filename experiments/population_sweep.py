@@ -3,7 +3,7 @@
     python -m experiments.main --config experiments/configs/gsm8k_easy.py --workdir gs://B/sweep \
         --config.method=population_sweep --config.population_sweep.sizes=8,16,32,64
 
-Runs `experiments.es` once per N (sub-directories N=<n>/, each resumable; every other setting
+Runs `experiments.es_runner` once per N (sub-directories N=<n>/, each resumable; every other setting
 from the config, final evaluation off unless `population_sweep.evaluate`), then reports each
 run's training reward (population mean fitness) smoothed with a debiased exponential moving
 average of decay `ema_decay` (0.99: `debiased_ema`), at the last step (update 300 in the
@@ -21,7 +21,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import config_check, es, plots, report_curves, report_runs
+from experiments import config_check, es_runner, plots, report_curves, report_runs
 from experiments.logger import read_metrics
 
 
@@ -60,7 +60,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     sub.lock()
     run_dir = os.path.join(workdir, f"N={n}")
     if not os.path.exists(os.path.join(run_dir, "DONE")):
-      result = es.run(sub, run_dir)
+      result = es_runner.run(sub, run_dir)
       if result.get("stopped"):
         return {"stopped": True}
     rows = read_metrics(os.path.join(run_dir, "metrics.jsonl"))

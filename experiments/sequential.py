@@ -25,10 +25,10 @@ from typing import Any
 import ml_collections
 
 from es_jax import preemption
-from experiments import config_check, es, grpo, run_context, run_data, train_loop
+from experiments import config_check, es_runner, grpo_runner, run_context, run_data, train_loop
 from experiments.configs.choices import SEQUENTIAL_ORDERS
 
-TRAINERS = {"es": es.train, "grpo": grpo.train}
+TRAINERS = {"es": es_runner.train, "grpo": grpo_runner.train}
 
 
 def split_budget(total: int, first_fraction: float) -> tuple[int, int]:

@@ -219,7 +219,7 @@ class Setup:
         f"config.es.population_size={n} must be divisible by mesh pop={self.pop} x "
         f"es.members_per_chunk={m}"
       )
-    from experiments import es as es_run  # imports the runners' dependencies: only when used
+    from experiments import es_runner as es_run  # the runners' dependencies: only when used
 
     spec = es_run.noise_spec(c)  # the spec the ES runner evaluates with
     P_ = int(self.config.data.prompts_per_step)
@@ -276,7 +276,7 @@ class Setup:
     return jax.jit(step).lower(params, deltas, ids, mask, _key(mesh, (m,)), scalar)
 
   def _es_update(self):
-    from experiments import es as es_run  # imports the runners' dependencies: only when used
+    from experiments import es_runner as es_run  # the runners' dependencies: only when used
 
     c, mesh = self.config.es, self.mesh
     rule = es_run.make_update_rule(c)
@@ -340,8 +340,8 @@ class Setup:
     return gen(S, T), lambda: gen(1, S + T - 1), T
 
   def _grpo_update(self):
-    from es_jax import grpo_rollout, grpo_train
-    from experiments import grpo as grpo_run
+    from es_jax import grpo_rollout, grpo_update
+    from experiments import grpo_runner as grpo_run
 
     g, cfg, mesh = self.config.grpo, self.model_config, self.mesh
     rows, T = self._grpo_rows(), int(g.max_new_tokens)
@@ -354,11 +354,11 @@ class Setup:
       if size % d:
         raise ValueError(f"config.{field}: {d} does not divide the {size} {what}")
     optimizer = grpo_run.make_optimizer(g)
-    # The state's params are master weights in grpo.master_dtype (grpo_train.init_state, as
-    # experiments.grpo builds it); the reference policy keeps the model's dtype.
+    # The state's params are master weights in grpo.master_dtype (grpo_update.init_state, as
+    # experiments.grpo_runner builds it); the reference policy keeps the model's dtype.
     params = abstract_params(cfg, mesh, dtype=g.master_dtype or None)
     opt = like_params(jax.eval_shape(optimizer.init, params), mesh)
-    state = grpo_train.GRPOState(params, opt, _sds((), jnp.int32, mesh))
+    state = grpo_update.GRPOState(params, opt, _sds((), jnp.int32, mesh))
     row = lambda *shape, dtype: _sds((rows, *shape), dtype, mesh, P("pop"))  # noqa: E731
     batch = grpo_rollout.GRPOBatch(
       tokens=row(S, dtype=jnp.int32),
@@ -370,23 +370,16 @@ class Setup:
     )
     ref = abstract_params(cfg, mesh) if float(g.beta) > 0 else None
     scalar = _sds((), jnp.float32, mesh)
-    lowered = grpo_train._update_step.lower(
+    settings = jax.tree.map(lambda _: scalar, grpo_run.update_settings(self.config))
+    lowered = grpo_update._update_step.lower(
       state,
       batch,
       ref,
-      scalar,
-      scalar,
-      scalar,
+      settings,
       config=cfg,
       optimizer=optimizer,
-      mini_batch_size=mini,
-      micro_batch_size=micro,
-      aggregation=g.aggregation,
-      use_sampler_logp=False,
-      chunk_size=None,
-      remat=bool(g.remat),
       mesh=mesh,
       data_axis="pop",
-      state_shardings=tuple(map(grpo_train._canonical, jax.tree.leaves(state))),
+      state_shardings=grpo_update.state_shardings(state),
     )
     return lowered, None, (rows // mini) * (mini // (micro * self.pop))

@@ -303,8 +303,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   import ml_dtypes
   from ml_collections import ConfigDict
 
-  from experiments import config_check
-  from experiments import es as es_runner
+  from experiments import config_check, es_runner
 
   rng = np.random.default_rng(0)
   w16 = (0.02 * rng.standard_normal((3, 8, 16))).astype(ml_dtypes.bfloat16)

@@ -16,6 +16,7 @@ from es_jax.metrics import maj_at_k, pass_at_k
 from es_jax.sampling import encode_prompts, generate
 from experiments import eval_results, evaluate, model_io, plots
 from experiments.configs import demo as demo_config
+from experiments.eval_tasks import TaskSpec
 
 N, BATCH, NEW_TOKENS = 4, 8, 8
 SETTINGS = dict(num_samples=N, batch_size=BATCH, max_new_tokens=NEW_TOKENS, temperature=1.0)
@@ -44,20 +45,21 @@ def toy_answer(text):
   return text[:1] or None
 
 
-def run_toy(model, tok, examples, out_dir=None, **kwargs):
-  options = dict(
-    SETTINGS,
-    key=jax.random.key(7),
-    task="toy",
-    ks=(1, 2, 4, 64),
-    progress=False,
-    correct_fn=toy_correct,
-    answer_fn=toy_answer,
-    save_text=True,
-    keep_samples=KEEP,
-  )
+def run_toy(model, tok, examples, out_dir=None, on_problem=None, **kwargs):
+  """evaluate_model on the toy task; keyword arguments replace `EvalSettings` fields."""
+  options = dict(SETTINGS, ks=(1, 2, 4, 64), progress=False, save_text=True, keep_samples=KEEP)
   options.update(kwargs)
-  return evaluate.evaluate_model(model, None, tok, examples, out_dir=out_dir, **options)
+  task = TaskSpec("toy", "toy", examples, correct_fn=toy_correct, answer_fn=toy_answer)
+  return evaluate.evaluate_model(
+    model,
+    None,
+    tok,
+    task,
+    evaluate.EvalSettings(**options),
+    key=jax.random.key(7),
+    out_dir=out_dir,
+    on_problem=on_problem,
+  )
 
 
 @pytest.fixture(scope="module")

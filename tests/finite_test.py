@@ -11,7 +11,7 @@ from run_configs import smoke_config
 
 from es_jax import grpo as grpo_lib
 from es_jax.checkpoint import Checkpointer
-from experiments import es, grpo, run_data, train_loop
+from experiments import es_runner, grpo_runner, run_data, train_loop
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -48,7 +48,7 @@ def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatc
 
   monkeypatch.setattr(run_data, "make_scorer", nan_first_row)
   config = _config(method="grpo", grpo__num_steps=1)
-  grpo.run(config, str(tmp_path))
+  grpo_runner.run(config, str(tmp_path))
   rows = [r for r in read_metrics(os.path.join(tmp_path, "metrics.jsonl")) if r["step"] == 1]
   assert rows and rows[0]["reward/non_finite"] == 1
   ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
@@ -59,7 +59,7 @@ def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatc
 
 
 def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
-  real = es._apply
+  real = es_runner._apply
 
   calls = []
 
@@ -72,10 +72,10 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
       out = {**out, "params": jax.tree.unflatten(tree, leaves)}
     return out
 
-  monkeypatch.setattr(es, "_apply", poison_step_two)
+  monkeypatch.setattr(es_runner, "_apply", poison_step_two)
   config = _config(method="es", es__num_steps=2, checkpoint__every=1)
   with pytest.raises(train_loop.NonFiniteParamsError, match=r"es: the update of step 2"):
-    es.run(config, str(tmp_path))
+    es_runner.run(config, str(tmp_path))
   ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
   assert ckpt.all_steps() == [1]
   ckpt.close()
@@ -85,6 +85,6 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_non_finite_learning_rate_is_refused(method, value):
   cfg = _config(**{f"{method}__learning_rate": value})[method]
-  runner = es if method == "es" else grpo
+  runner = es_runner if method == "es" else grpo_runner
   with pytest.raises(ValueError, match=rf"config\.{method}\.learning_rate=.*finite"):
     runner.make_optimizer(cfg)

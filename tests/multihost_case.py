@@ -9,7 +9,7 @@ import numpy as np
 import optax
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, noise, population, sampling, sharding
+from es_jax import es, grpo_update, noise, population, sampling, sharding
 
 CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5
@@ -72,32 +72,25 @@ def grpo_step(mesh, allgather=None) -> dict[str, np.ndarray]:
   ids = np.random.RandomState(4).randint(0, CONFIG.vocab_size, (4, 4)).astype(np.int32)
   mask = np.ones_like(ids, bool)
   opt = optax.sgd(0.5)
-  state = grpo_train.init_state(p0, opt, mesh=mesh)
-  completions, batch = grpo_train.rollout(
+  state = grpo_update.init_state(p0, opt, mesh=mesh)
+  completions, batch = grpo_update.rollout(
     state.params,
     ids,
     mask,
     config=CONFIG,
     key=jax.random.key(2),
     num_generations=4,
-    max_new_tokens=4,
+    decoding=sampling.Decoding(4, temperature=1.0),
     mesh=mesh,
   )
   tokens, cmask = completions.tokens, completions.mask
   if allgather is not None:  # rows live on both processes: every host needs all of them
     tokens, cmask = allgather(tokens, tiled=True), allgather(cmask, tiled=True)
   rewards = low_half(tokens, cmask).reshape(4, 4).astype(np.float32)
-  batch, _ = grpo_train.with_advantages(batch, rewards)
-  ref = grpo_train.replicate(p0, mesh) if mesh is not None else p0
-  new, _ = grpo_train.update_step(
-    state,
-    batch,
-    ref,
-    config=CONFIG,
-    optimizer=opt,
-    mini_batch_size=8,
-    micro_batch_size=1,
-    beta=0.1,
-    mesh=mesh,
+  batch, _ = grpo_update.with_advantages(batch, rewards)
+  ref = grpo_update.replicate(p0, mesh) if mesh is not None else p0
+  settings = grpo_update.UpdateSettings(mini_batch_size=8, micro_batch_size=1, beta=0.1)
+  new, _ = grpo_update.update_step(
+    state, batch, ref, settings, config=CONFIG, optimizer=opt, mesh=mesh
   )
   return {**flat(new.params, "grpo/"), "grpo_rewards": rewards}

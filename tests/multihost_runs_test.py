@@ -21,15 +21,15 @@ from run_configs import (
 )
 
 from es_jax.checkpoint import Checkpointer
-from experiments import es, grpo, sequential
+from experiments import es_runner, grpo_runner, sequential
 from experiments.configs import demo as demo_config
 
 DEADLINE_S = 900  # generous: a loaded 2-core machine compiles slowly
 # Small runs on a 2-device 'pop' axis; the sequential run keeps its final evaluation (written once).
 COMMON = dict(mesh__pop=2, eval__every=0, eval__final=False, export_hf=False, checkpoint__every=1)
 RUNS = {
-  "es": (es, dict(es__num_steps=2), "checkpoints"),
-  "grpo": (grpo, dict(grpo__num_steps=2), "checkpoints"),
+  "es": (es_runner, dict(es__num_steps=2), "checkpoints"),
+  "grpo": (grpo_runner, dict(grpo__num_steps=2), "checkpoints"),
   "sequential": (
     sequential,
     dict(sequential__total_steps=2, eval__final=True),

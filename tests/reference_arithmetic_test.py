@@ -15,7 +15,7 @@ from tiny_models import micro_config, random_params
 
 from es_jax import fitness, noise
 from es_jax import reference_arithmetic as ref
-from experiments import es as es_runner
+from experiments import es_runner
 
 BF16 = ml_dtypes.bfloat16
 N, SIGMA, ALPHA = 4, 1.5e-3, 5e-4

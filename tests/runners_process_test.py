@@ -15,7 +15,7 @@ import pytest
 from run_configs import ROOT, assert_trained, checkpoint_params, smoke_config
 
 from es_jax.checkpoint import Checkpointer
-from experiments import es
+from experiments import es_runner
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -267,12 +267,12 @@ def test_main_refuses_unknown_key_and_bad_value(tmp_path):
 
 def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   config = _config(demo_config, method="es", eval__every=0, eval__final=False, export_hf=False)
-  es.run(config, str(tmp_path))
+  es_runner.run(config, str(tmp_path))
   other = _config(
     demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, seed=1
   )
   with pytest.raises(ValueError, match="config.seed=1"):
-    es.run(other, str(tmp_path))
+    es_runner.run(other, str(tmp_path))
   sigma = _config(
     demo_config,
     method="es",
@@ -283,9 +283,9 @@ def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
     es__num_steps=5,
   )
   with pytest.raises(ValueError, match=r"es\.sigma \(0\.001 in the checkpoint, 0\.5 now\)"):
-    es.run(sigma, str(tmp_path))
+    es_runner.run(sigma, str(tmp_path))
   longer = _config(
     demo_config, method="es", eval__every=0, eval__final=False, export_hf=False, es__num_steps=4
   )  # a larger budget continues the run
-  es.run(longer, str(tmp_path))
+  es_runner.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4

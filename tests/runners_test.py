@@ -19,7 +19,16 @@ from run_configs import (
 
 from es_jax import integrity, preemption, rewards
 from es_jax.checkpoint import Checkpointer
-from experiments import demo, es, evaluate, grpo, run_data, sequential, train_loop
+from experiments import (
+  demo,
+  es_runner,
+  eval_tasks,
+  evaluate,
+  grpo_runner,
+  run_data,
+  sequential,
+  train_loop,
+)
 from experiments.config_check import ConfigError
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
@@ -110,12 +119,12 @@ def test_es_in_place_arithmetic_trains_bf16_weights(tmp_path, arithmetic):
   modes = dict(es__master_dtype="", es__arithmetic=arithmetic)
   ref = dict(method="es", es__rank=0, **modes, **quiet)
   config = _config(demo_config, model__dtype="bfloat16", es__num_steps=2, **ref)
-  es.run(config, str(tmp_path))
+  es_runner.run(config, str(tmp_path))
   _, saved = checkpoint_params(str(tmp_path / "checkpoints"))
   assert {a.dtype.name for a in saved.values()} == {"bfloat16"}
   assert_trained(str(tmp_path), saved, dtype="bfloat16")  # moved from the bf16 base weights
   with pytest.raises(ValueError, match="es.optimizer"):
-    es.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
+    es_runner.run(_config(demo_config, es__optimizer="adam", **ref), str(tmp_path / "adam"))
 
 
 @pytest.mark.parametrize(
@@ -135,12 +144,12 @@ def test_paper_config_smoke(tmp_path, module, method):
     eval__data_dir=str(tmp_path / "tfds"),
     eval__extra_tasks=extra,
   )
-  runner = {"es": es.run, "grpo": grpo.run}[method]
+  runner = {"es": es_runner.run, "grpo": grpo_runner.run}[method]
   result = runner(config, str(tmp_path / "run"))
   assert result["stopped"] is False
   assert_run_outputs(str(tmp_path / "run"), str(tmp_path / "run" / "checkpoints"))
   table = json.load(open(tmp_path / "run" / "eval" / "table.json"))
-  main_label = evaluate.task_label(config.eval.task)
+  main_label = eval_tasks.task_label(config.eval.task)
   assert set(table["tasks"]) == {main_label, "held_out", "separate"}
   assert table["tasks"]["held_out"]["num_problems"] == 2
   assert table["macro_tasks"] == [main_label, "held_out"]
@@ -171,7 +180,7 @@ def test_extra_eval_tasks_bad_entries_name_the_field():
   ):
     with pytest.raises(ValueError, match=field):
       evaluate.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
-  main = {evaluate.task_label(ev.task)}
+  main = {eval_tasks.task_label(ev.task)}
   with pytest.raises(ValueError, match=r"extra_tasks\[0\].label"):  # clashes with the main task
     evaluate.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
 
@@ -193,9 +202,9 @@ def test_split_budget_and_bad_values():
   with pytest.raises(ValueError, match="sequential.first_fraction"):
     sequential.split_budget(10, 1.0)
   with pytest.raises(ValueError, match="es.optimizer"):
-    es.make_optimizer(_config(demo_config, es__optimizer="lion").es)
+    es_runner.make_optimizer(_config(demo_config, es__optimizer="lion").es)
   with pytest.raises(ValueError, match="sigma"):
-    es.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
+    es_runner.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
 
 
 def _sequential_config():
@@ -268,7 +277,7 @@ def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, seq
 def test_sigterm_during_startup_stops_before_the_first_step(tmp_path):
   with preemption.sigterm_scope() as preempt:  # the CLI's scope, as main() holds it
     preempt.requested = True  # as if SIGTERM arrived while the model and data were loading
-    assert es.run(_config(demo_config, method="es"), str(tmp_path)) == {"stopped": True}
+    assert es_runner.run(_config(demo_config, method="es"), str(tmp_path)) == {"stopped": True}
   assert not Checkpointer(str(tmp_path / "checkpoints"), async_save=False).all_steps()
   assert not (tmp_path / "DONE").exists() and not (tmp_path / "eval").exists()
 
@@ -284,8 +293,8 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   # (that a resumed evaluation equals an uninterrupted one: evaluate_test).
   config = _config(demo_config, method="es", es__num_steps=1, eval__every=0, eval__batch_size=2)
   _sigterm_before_eval_batch(monkeypatch, 2)
-  assert es.run(config, str(tmp_path)) == {"stopped": True}
-  jsonl = tmp_path / "eval" / f"{evaluate.task_label(config.eval.task)}.jsonl"
+  assert es_runner.run(config, str(tmp_path)) == {"stopped": True}
+  jsonl = tmp_path / "eval" / f"{eval_tasks.task_label(config.eval.task)}.jsonl"
   first = _lines(jsonl)
   assert [r["index"] for r in first] == [0, 1]
   samples = jsonl.with_name(jsonl.stem + ".samples.jsonl")
@@ -293,7 +302,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert not (tmp_path / "eval" / "table.json").exists()
   assert not (tmp_path / "hf").exists() and not (tmp_path / "DONE").exists()
   monkeypatch.undo()
-  assert es.run(config, str(tmp_path))["stopped"] is False
+  assert es_runner.run(config, str(tmp_path))["stopped"] is False
   assert (tmp_path / "DONE").exists() and (tmp_path / "hf" / "config.json").exists()
   records = _lines(jsonl)
   assert records[:2] == first and [r["index"] for r in records] == [0, 1, 2, 3]
@@ -301,8 +310,8 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert json.load(open(tmp_path / "eval" / "table.json"))["macro"]["num_problems"] == 4
   # Extended to 2 steps: the 1-step model's evaluation is set aside (kept, not reused).
   longer = _config(demo_config, method="es", es__num_steps=2, eval__every=0, eval__batch_size=2)
-  assert es.run(longer, str(tmp_path))["stopped"] is False
-  meta = f"{evaluate.task_label(config.eval.task)}.meta.json"
+  assert es_runner.run(longer, str(tmp_path))["stopped"] is False
+  meta = f"{eval_tasks.task_label(config.eval.task)}.meta.json"
   digests = [
     json.load(open(tmp_path / d / meta))["run_info"]["params_digest"]
     for d in ("eval.stale-1", "eval")
@@ -327,7 +336,8 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
   calls = {"grpo": 0, "es": 0}
-  real_rollout, real_eval = grpo.grpo_train.rollout, es.population.evaluate_population
+  real_rollout = grpo_runner.grpo_update.rollout
+  real_eval = es_runner.population.evaluate_population
 
   def count(name, fn):
     def wrapped(*a, **k):
@@ -336,8 +346,8 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
 
     return wrapped
 
-  monkeypatch.setattr(grpo.grpo_train, "rollout", count("grpo", real_rollout))
-  monkeypatch.setattr(es.population, "evaluate_population", count("es", real_eval))
+  monkeypatch.setattr(grpo_runner.grpo_update, "rollout", count("grpo", real_rollout))
+  monkeypatch.setattr(es_runner.population, "evaluate_population", count("es", real_eval))
   sequential.run(config, str(tmp_path))
   assert calls == {"grpo": 0, "es": 1}  # stage one restored, one stage-two step rerun
   _, resumed = checkpoint_params(str(stage2))
@@ -357,13 +367,37 @@ def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monk
   def broken(*args, **kwargs):
     raise ValueError("score_fn returned shape (3,) for member 0, expected (4,)")
 
-  monkeypatch.setattr(es.population, "evaluate_population", broken)
+  monkeypatch.setattr(es_runner.population, "evaluate_population", broken)
   config = _config(
     demo_config, method="es", es__num_steps=1, eval__every=0, eval__final=False, export_hf=False
   )
   with pytest.raises(ValueError, match="score_fn returned shape") as info:
-    es.run(config, str(tmp_path))
+    es_runner.run(config, str(tmp_path))
   assert not isinstance(info.value, ConfigError) and not str(info.value).startswith("config.")
   config.es.antithetic, config.es.population_size = True, 3
   with pytest.raises(ConfigError, match=r"config.es: population_size=3 is odd"):
-    es.noise_spec(config.es)
+    es_runner.noise_spec(config.es)
+
+
+def test_grpo_step_errors_are_themselves_and_config_errors_name_the_field(tmp_path, monkeypatch):
+  # GRPO as ES above: a ValueError from inside a step is not relabelled "config.grpo: ...".
+  def broken(*args, **kwargs):
+    raise ValueError("rollout: prompt_ids (4, 3) and prompt_mask (4, 2) must be equal [P, Sp]")
+
+  monkeypatch.setattr(grpo_runner.grpo_update, "rollout", broken)
+  quiet = dict(eval__every=0, eval__final=False, export_hf=False)
+  config = _config(demo_config, method="grpo", grpo__num_steps=1, **quiet)
+  with pytest.raises(ValueError, match="rollout: prompt_ids") as info:
+    grpo_runner.run(config, str(tmp_path))
+  assert not isinstance(info.value, ConfigError) and not str(info.value).startswith("config.")
+  # The config's own values are checked before the first step, each error naming its field.
+  bad = _config(demo_config, method="grpo", grpo__eps_low=1.5)
+  with pytest.raises(ConfigError, match=r"^config\.grpo\.eps_low=1\.5 must be in \[0, 1\)"):
+    grpo_runner.update_settings(bad)
+  config = _config(demo_config, method="grpo")  # mini-batch: prompts_per_step x G rows
+  rows = config.data.prompts_per_step * config.grpo.num_generations
+  assert grpo_runner.update_settings(config).mini_batch_size == rows
+  with pytest.raises(ConfigError, match=r"^config\.grpo\.micro_batch_size=2 is invalid"):
+    grpo_runner.update_settings(config, devices=rows + 1)
+  with pytest.raises(ConfigError, match=r"^config\.grpo\.temperature=-1\.0 must be"):
+    grpo_runner.decoding(_config(demo_config, grpo__temperature=-1.0).grpo, (0,), 0)

@@ -12,7 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_train, noise, population, sampling, sharding
+from es_jax import es, grpo_update, noise, population, sampling, sharding
 from es_jax.models import forward, positions_from_mask
 
 
@@ -196,7 +196,7 @@ def _low_tokens(tokens, mask):
 
 
 def _es_step(params, mesh, rank, *, min_size=256):
-  """One ES step as experiments/es.py takes it: evaluate, then es_gradient + sgd (jitted)."""
+  """One ES step as experiments/es_runner.py takes it: evaluate, then es_gradient + sgd (jitted)."""
   sharded = mesh.shape["model"] > 1
   params = sharding.shard_params(params, mesh, min_size=min_size)
   rng = np.random.RandomState(3)
@@ -329,29 +329,31 @@ def test_model_sharded_update_and_population_gather_no_parameter():
 
 
 def test_grpo_step_model_sharded_equals_one_device():
-  """grpo_train.init_state + update_step with the params split over 'model' (pop=4 x model=2,
-  rows over 'pop') equal the one-device step. Tolerance as tests/grpo_train_test.py: split
+  """grpo_update.init_state + update_step with the params split over 'model' (pop=4 x model=2,
+  rows over 'pop') equal the one-device step. Tolerance as tests/grpo_update_test.py: split
   contractions (partial sums over 'model') and split rows reorder float32 sums, ~1e-7 relative."""
   params0 = _params()
   rng = np.random.RandomState(4)
   ids = rng.randint(0, CONFIG.vocab_size, (4, 4)).astype(np.int32)
   mask = np.ones_like(ids, bool)
-  kw = dict(config=CONFIG, key=jax.random.key(2), num_generations=4, max_new_tokens=4)
-  completions, batch = grpo_train.rollout(params0, ids, mask, **kw)
+  decoding = sampling.Decoding(4, temperature=1.0)
+  kw = dict(config=CONFIG, key=jax.random.key(2), num_generations=4, decoding=decoding)
+  completions, batch = grpo_update.rollout(params0, ids, mask, **kw)
   rewards = _low_half(np.asarray(completions.tokens), np.asarray(completions.mask)).reshape(4, 4)
   assert (rewards.std(axis=1) > 0).sum() >= 2, rewards  # groups with non-zero advantages
-  batch, _ = grpo_train.with_advantages(batch, rewards)
+  batch, _ = grpo_update.with_advantages(batch, rewards)
   opt = optax.sgd(0.5)
-  step = dict(config=CONFIG, optimizer=opt, mini_batch_size=8, micro_batch_size=1, beta=0.1)
-  single, m_single = grpo_train.update_step(
-    grpo_train.init_state(params0, opt), batch, params0, **step
+  settings = grpo_update.UpdateSettings(mini_batch_size=8, micro_batch_size=1, beta=0.1)
+  step = dict(config=CONFIG, optimizer=opt)
+  single, m_single = grpo_update.update_step(
+    grpo_update.init_state(params0, opt), batch, params0, settings, **step
   )
   mesh = sharding.make_mesh(pop=4, model=2)
   split = sharding.shard_params(params0, mesh, min_size=256)
   assert split["layers"]["w_up"].sharding.spec == P(None, None, "model")
-  state = grpo_train.init_state(split, opt, mesh=mesh)
-  sharded, m_sharded = grpo_train.update_step(
-    state, grpo_train.shard_batch(batch, mesh), split, mesh=mesh, **step
+  state = grpo_update.init_state(split, opt, mesh=mesh)
+  sharded, m_sharded = grpo_update.update_step(
+    state, grpo_update.shard_batch(batch, mesh), split, settings, mesh=mesh, **step
   )
   assert sharded.params["layers"]["w_up"].sharding.spec[2] == "model"  # still split
   moved = max(

@@ -35,10 +35,10 @@ import warnings
 import jax
 import numpy as np
 
-from es_jax import grpo_train as gt
+from es_jax import grpo_update as gt
 from es_jax.models import Transformer, get_config, load_default, save_hf
 from es_jax.models import params as model_params
-from es_jax.sampling import pad_prompts
+from es_jax.sampling import Decoding, pad_prompts
 
 PROMPTS = [
   "Count from one to ten:",
@@ -95,13 +95,15 @@ def bench_es_jax(model, tokenizer, prompts, args) -> dict[str, float]:
   batch_rows = len(prompts) * G
   optimizer = gt.make_optimizer(1e-6)
   state = gt.init_state(model_params(model), optimizer)
+  decoding = Decoding(T, temperature=1.0)
+  settings = gt.UpdateSettings(batch_rows, args.micro_batch_size)
   key = jax.random.key(0)
   times = []
   for step in range(args.steps + 1):
     key, key_sample = jax.random.split(key)
     t0 = time.perf_counter()
     completions, batch = gt.rollout(
-      state.params, ids, mask, config=config, key=key_sample, num_generations=G, max_new_tokens=T
+      state.params, ids, mask, config=config, key=key_sample, num_generations=G, decoding=decoding
     )
     tokens = np.asarray(jax.block_until_ready(completions.tokens))
     t1 = time.perf_counter()
@@ -109,12 +111,7 @@ def bench_es_jax(model, tokenizer, prompts, args) -> dict[str, float]:
     rewards = np.array([vowel_reward(t) for t in texts], np.float32).reshape(-1, G)
     batch, _ = gt.with_advantages(batch, rewards)
     state, metrics = gt.update_step(
-      state,
-      batch,
-      config=config,
-      optimizer=optimizer,
-      mini_batch_size=batch_rows,
-      micro_batch_size=args.micro_batch_size,
+      state, batch, None, settings, config=config, optimizer=optimizer
     )
     jax.block_until_ready(state)
     t2 = time.perf_counter()

@@ -30,8 +30,8 @@ SAMPLE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_d
 # The one method table: config.method -> the runner "module:function(config, workdir)" that
 # experiments.main calls.
 METHODS = {
-  "es": "experiments.es:run",
-  "grpo": "experiments.grpo:run",
+  "es": "experiments.es_runner:run",
+  "grpo": "experiments.grpo_runner:run",
   "sequential": "experiments.sequential:run",
   "evaluate": "experiments.evaluate:run",
   "demo": "experiments.demo:run",

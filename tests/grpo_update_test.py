@@ -1,7 +1,9 @@
-"""Tests of the GRPO train step: sharded = single device, micro-batches = one big batch, learning.
+"""Tests of the GRPO update step: sharded = single device, micro-batches = one big batch, learning.
 
 All update steps share a few static settings so the suite compiles `update_step` three times.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +13,7 @@ import optax
 import pytest
 from flax import nnx
 
-from es_jax import grpo_train as gt
+from es_jax import grpo_update as gt
 from es_jax.grpo import grpo_loss, token_logprobs
 from es_jax.models import (
   Transformer,
@@ -21,24 +23,26 @@ from es_jax.models import (
   params,
   positions_from_mask,
 )
+from es_jax.sampling import Decoding
 
 CONFIG = get_config(
   "tiny-llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
 )
 P, G, T, TARGET = 4, 4, 8, 7  # prompts, generations, completion tokens, the rewarded token
+DECODING = Decoding(T, temperature=1.0)
 SGD = optax.sgd(0.5)  # plain SGD: a parameter change is exactly −lr × gradient
-EXACT = dict(  # settings of the exactness tests: token_mean is the aggregation that needs weights
-  config=CONFIG,
-  optimizer=SGD,
-  mini_batch_size=8,
-  micro_batch_size=1,
-  beta=0.1,
-  eps_low=0.2,
-  eps_high=0.28,
-  aggregation="token_mean",
-)
+# Settings of the exactness tests: token_mean is the aggregation that needs weights.
+EXACT = gt.UpdateSettings(8, 1, beta=0.1, eps_low=0.2, eps_high=0.28, aggregation="token_mean")
 ADAM = gt.make_optimizer(3e-2)
-TRAIN = dict(config=CONFIG, optimizer=ADAM, mini_batch_size=16, micro_batch_size=4)
+TRAIN = gt.UpdateSettings(16, 4)
+
+
+def step(state, batch, ref=None, settings=TRAIN, optimizer=ADAM, *, mesh=None, lower=False, **kw):
+  """`update_step` on CONFIG; keyword fields of `UpdateSettings` replace those of `settings`."""
+  settings = dataclasses.replace(settings, **kw)
+  return gt.update_step(
+    state, batch, ref, settings, config=CONFIG, optimizer=optimizer, mesh=mesh, lower=lower
+  )
 
 
 def apply(p, tokens, m):
@@ -76,7 +80,7 @@ def setup():
   params0 = jax.device_put(params(Transformer(CONFIG, rngs=nnx.Rngs(0))), jax.devices()[0])
   ids, mask = prompts()
   completions, batch = gt.rollout(
-    params0, ids, mask, config=CONFIG, key=jax.random.key(1), num_generations=G, max_new_tokens=T
+    params0, ids, mask, config=CONFIG, key=jax.random.key(1), num_generations=G, decoding=DECODING
   )
   batch = truncate(batch, np.random.RandomState(1).randint(1, T + 1, P * G))
   rewards = np.random.RandomState(2).randn(P, G).astype(np.float32)
@@ -88,11 +92,11 @@ def setup():
 def exact_steps(setup):
   """One update on one device and on 8 devices ('pop' axis), reference = initial params."""
   params0, _, batch = setup
-  single = gt.update_step(gt.init_state(params0, SGD), batch, params0, **EXACT)
+  single = step(gt.init_state(params0, SGD), batch, params0, EXACT, SGD)
   mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
   state = gt.init_state(params0, SGD, mesh=mesh)
   ref = gt.replicate(params0, mesh)
-  sharded = gt.update_step(state, gt.shard_batch(batch, mesh), ref, mesh=mesh, **EXACT)
+  sharded = step(state, gt.shard_batch(batch, mesh), ref, EXACT, SGD, mesh=mesh)
   return single, sharded
 
 
@@ -122,7 +126,7 @@ def test_sharded_rollout_equals_single_device_rollout(setup):
   params0, completions, _ = setup
   mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
   ids, mask = prompts()
-  kw = dict(config=CONFIG, key=jax.random.key(1), num_generations=G, max_new_tokens=T)
+  kw = dict(config=CONFIG, key=jax.random.key(1), num_generations=G, decoding=DECODING)
   sharded, batch = gt.rollout(gt.replicate(params0, mesh), ids, mask, mesh=mesh, **kw)
   assert len(batch.tokens.sharding.device_set) == 8
   np.testing.assert_array_equal(sharded.tokens, completions.tokens)
@@ -153,7 +157,7 @@ def test_micro_batches_and_mini_batches_equal_explicit_gradients(setup, exact_st
 
   def loss(p, rows):
     logp = full_logp(p, batch.tokens[rows], batch.mask[rows])
-    kw = {k: EXACT[k] for k in ("beta", "eps_low", "eps_high", "aggregation")}
+    kw = {k: getattr(EXACT, k) for k in ("beta", "eps_low", "eps_high", "aggregation")}
     return grpo_loss(
       logp, old[rows], old[rows], batch.advantages[rows], batch.loss_mask[rows], **kw
     )
@@ -180,12 +184,12 @@ def test_on_policy_first_mini_batch_has_ratio_one_and_no_clipping(exact_steps):
 
 def test_beta_zero_needs_no_reference_and_ignores_one(setup):
   params0, _, batch = setup
-  a, _ = gt.update_step(gt.init_state(params0, ADAM), batch, None, beta=0.0, **TRAIN)
-  b, _ = gt.update_step(gt.init_state(params0, ADAM), batch, {"not": "params"}, **TRAIN)
+  a, _ = step(gt.init_state(params0, ADAM), batch, None, beta=0.0)
+  b, _ = step(gt.init_state(params0, ADAM), batch, {"not": "params"})
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   with pytest.raises(ValueError, match="beta=0.1 > 0 needs ref_params"):
-    gt.update_step(gt.init_state(params0, ADAM), batch, None, beta=0.1, **TRAIN)
+    step(gt.init_state(params0, ADAM), batch, None, beta=0.1)
 
 
 def test_grpo_raises_reward_and_collapses_entropy(setup):
@@ -198,13 +202,13 @@ def test_grpo_raises_reward_and_collapses_entropy(setup):
   for _ in range(30):
     key, key_sample = jax.random.split(key)
     completions, batch = gt.rollout(
-      state.params, ids, mask, config=CONFIG, key=key_sample, num_generations=G, max_new_tokens=T
+      state.params, ids, mask, config=CONFIG, key=key_sample, num_generations=G, decoding=DECODING
     )
     r = np.mean(np.asarray(completions.tokens) == TARGET, axis=1).reshape(P, G)
     batch, _ = gt.with_advantages(batch, r)
     rewards.append(r.mean())
     entropies.append(float(gt.rollout_stats(completions)["rollout_entropy"]))
-    state, metrics = gt.update_step(state, batch, **TRAIN)
+    state, metrics = step(state, batch)
     assert np.isfinite(metrics["loss"]).all() and metrics["loss"].shape == (1,)
     # One mini-batch: π_old is the policy being trained (no recomputed forward pass), ratio ≡ 1.
     assert metrics["ratio_mean"][0] == 1.0 and metrics["clip_frac"][0] == 0.0
@@ -239,7 +243,7 @@ def test_make_optimizer_is_clipped_adamw_with_schedule():
 def test_bad_input_raises_naming_the_value(setup):
   params0, _, batch = setup
   ids, mask = prompts()
-  kw = dict(config=CONFIG, key=jax.random.key(0), max_new_tokens=T)
+  kw = dict(config=CONFIG, key=jax.random.key(0), decoding=DECODING)
   with pytest.raises(ValueError, match="num_generations=1"):
     gt.rollout(params0, ids, mask, num_generations=1, **kw)
   with pytest.raises(ValueError, match=r"prompt_mask \(4, 3\)"):
@@ -259,14 +263,38 @@ def test_bad_input_raises_naming_the_value(setup):
   ]
   for override, message in cases:
     with pytest.raises(ValueError, match=message):
-      gt.update_step(state, batch, params0, **{**TRAIN, **override})
+      step(state, batch, params0, **override)
   with pytest.raises(ValueError, match=r"batch.advantages has shape \(8,\)"):
-    gt.update_step(state, batch.replace(advantages=batch.advantages[:8]), **TRAIN)
+    step(state, batch.replace(advantages=batch.advantages[:8]))
   mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
   with pytest.raises(ValueError, match="micro_batch_size × devices=32"):
-    gt.update_step(state, batch, mesh=mesh, **TRAIN)
+    step(state, batch, mesh=mesh)
   with pytest.raises(ValueError, match="rows P·G=12 is not divisible by devices on 'pop'=8"):
     gt.rollout(params0, ids[:3], mask[:3], num_generations=G, mesh=mesh, **kw)
+
+
+def test_update_settings_check_their_fields_and_trace_the_loss_numbers():
+  # Checked once, on construction, each error naming its field (a config layer relabels them).
+  for fields, message in (
+    (dict(mini_batch_size=0), r"UpdateSettings.mini_batch_size=0 "),
+    (dict(micro_batch_size=2.0), r"UpdateSettings.micro_batch_size=2.0 "),
+    (dict(chunk_size=0), r"UpdateSettings.chunk_size=0 "),
+    (dict(eps_low=1.0), r"UpdateSettings.eps_low=1.0 "),
+    (dict(eps_high=-0.1), r"UpdateSettings.eps_high=-0.1 "),
+    (dict(beta=-1.0), r"UpdateSettings.beta=-1.0 "),
+    (dict(aggregation="sum"), r"UpdateSettings.aggregation='sum' "),
+  ):
+    with pytest.raises(ValueError, match=message):
+      dataclasses.replace(TRAIN, **fields)
+  # eps_low, eps_high and beta are the traced leaves (a sweep does not recompile); the rest is
+  # the static structure.
+  other = dataclasses.replace(TRAIN, eps_low=0.1, eps_high=0.3, beta=0.5)
+  assert jax.tree.leaves(other) == [0.1, 0.3, 0.5]
+  assert jax.tree.structure(other) == jax.tree.structure(TRAIN)
+  assert jax.tree.structure(dataclasses.replace(TRAIN, remat=True)) != jax.tree.structure(TRAIN)
+  with pytest.raises(ValueError, match="batch rows B=12 is not divisible by mini_batch_size=16"):
+    TRAIN.check_rows(12)
+  TRAIN.check_rows(32, devices=4)
 
 
 def test_update_step_lowers_from_abstract_inputs(setup, exact_steps):
@@ -279,11 +307,10 @@ def test_update_step_lowers_from_abstract_inputs(setup, exact_steps):
   state = gt.abstract_state(jax.tree.map(abstract, ref), SGD)
   assert state.params["embed"].dtype == jnp.float32 and state.step.sharding.mesh == mesh
   batch_a, ref_a = jax.tree.map(abstract, (batch, ref))
-  lowered = gt.update_step(state, batch_a, ref_a, mesh=mesh, lower=True, **EXACT)
+  lowered = step(state, batch_a, ref_a, EXACT, SGD, mesh=mesh, lower=True)
   compiled = lowered.compile()
   assert compiled.memory_analysis().temp_size_in_bytes > 0
-  scalars = [jnp.asarray(EXACT[k], jnp.float32) for k in ("eps_low", "eps_high", "beta")]
-  new, _ = compiled(gt.init_state(params0, SGD, mesh=mesh), batch, ref, *scalars)
+  new, _ = compiled(gt.init_state(params0, SGD, mesh=mesh), batch, ref, EXACT.as_float32())
   want = exact_steps[1][0].params
   for a, b in zip(jax.tree.leaves(new.params), jax.tree.leaves(want), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -298,13 +325,14 @@ def test_bf16_model_trains_float32_masters():
   p16 = cast_params(params(Transformer(CONFIG, rngs=nnx.Rngs(3))), jnp.bfloat16)
   ids, mask = prompts()
   key = jax.random.key(4)
-  _, batch = gt.rollout(p16, ids, mask, config=cfg, key=key, num_generations=G, max_new_tokens=T)
+  _, batch = gt.rollout(p16, ids, mask, config=cfg, key=key, num_generations=G, decoding=DECODING)
   batch, _ = gt.with_advantages(batch, np.random.RandomState(5).randn(P, G).astype(np.float32))
-  kw = dict(config=cfg, mini_batch_size=P * G, micro_batch_size=P * G // 2)
+  rows = dict(mini_batch_size=P * G, micro_batch_size=P * G // 2)
   sgd = optax.sgd(1.0)
   state = gt.init_state(p16, sgd)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
-  new, metrics = gt.update_step(state, batch, optimizer=sgd, aggregation="token_mean", **kw)
+  settings = gt.UpdateSettings(**rows, aggregation="token_mean")
+  new, metrics = gt.update_step(state, batch, None, settings, config=cfg, optimizer=sgd)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
   assert all(
     x.dtype == jnp.bfloat16 for x in jax.tree.leaves(cast_params(new.params, cfg.jnp_dtype))
@@ -331,7 +359,8 @@ def test_bf16_model_trains_float32_masters():
 
   adam = gt.make_optimizer(1e-5)
   state = gt.init_state(p16, adam, master_dtype=None)
-  new, metrics = gt.update_step(state, batch, p16, optimizer=adam, beta=0.01, **kw)
+  settings = gt.UpdateSettings(**rows, beta=0.01)
+  new, metrics = gt.update_step(state, batch, p16, settings, config=cfg, optimizer=adam)
   assert np.all(np.isfinite(np.asarray(metrics["loss"])))
   arrays = [x for x in jax.tree.leaves((new.params, new.opt_state)) if x.ndim > 0]
   assert all(x.dtype == jnp.bfloat16 for x in arrays)
@@ -345,7 +374,7 @@ def test_remat_gives_the_same_step_and_recomputes_layers(setup, exact_steps):
   step, and the backward pass really holds a rematerialised layer."""
   params0, _, batch = setup
   (single, m_single), _ = exact_steps
-  remat, m_remat = gt.update_step(gt.init_state(params0, SGD), batch, params0, remat=True, **EXACT)
+  remat, m_remat = step(gt.init_state(params0, SGD), batch, params0, EXACT, SGD, remat=True)
   for a, b in zip(jax.tree.leaves(single.params), jax.tree.leaves(remat.params), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(m_single["loss"], m_remat["loss"], rtol=1e-5, atol=1e-7)

@@ -1,4 +1,4 @@
-"""ES fine-tuning run (docs/method.md §1-2): population evaluation on one prompt batch per step,
+"""ES fine-tuning runner (docs/method.md §1-2): population evaluation on one prompt batch per step,
 z-scored fitness, θ ← θ + (α/N) Σ z_i ε_i; checkpoints, resume, logging, final evaluation and
 HF export.
 
