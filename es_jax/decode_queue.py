@@ -8,13 +8,16 @@ and read up to the furthest row's filled chunk (`kv_chunk`). Whenever at least
 R = `refill_rows` rows are free (fewer once fewer items wait), the next R items are prefilled
 together into a fresh R-row cache, copied into the free rows, and emit their first token; then
 every row takes one decode step. Shapes are static throughout: one compiled prefill of R rows
-and one decode step of B rows, in a `lax.while_loop`.
+and one decode step of B rows, in a `lax.while_loop`. Once no item waits, the last ones may
+finish in a batch that halves as rows go idle (`compactions` halvings, as in
+`es_jax.decode_loop`; each compiles one more copy of the step).
 
 Draws: work item i draws its token j with ``row_uniform(keys[i], j)``, a function of its key and
 the token index only, so its tokens do not depend on B, R, the item order or its neighbours,
 and equal `generate`'s for that prompt alone with key ``keys[i]`` (or for a batch given one key
 per row), up to the float rounding of its logits in a batch of another size (XLA:CPU may round
-a row differently; see `es_jax.decode_loop`). Greedy tokens are `generate`'s.
+a row differently, more so once the batch shrinks; see `es_jax.decode_loop`). Greedy tokens are
+`generate`'s.
 """
 
 from __future__ import annotations
@@ -27,8 +30,15 @@ import jax
 import jax.numpy as jnp
 
 from es_jax import _checks, sampling, token_sampling
-from es_jax.decode_loop import Completions, _empty, _model_call, cache_length, row_uniform
-from es_jax.models.attention import KVCache, init_cache, unstack_cache
+from es_jax.decode_loop import (
+  Completions,
+  _empty,
+  _model_call,
+  cache_length,
+  phase_sizes,
+  row_uniform,
+)
+from es_jax.models.attention import KVCache, init_cache, take_rows, unstack_cache
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import (
   Params,
@@ -59,6 +69,7 @@ def generate_queue(
   unroll_layers: bool | None = None,
   kv_chunk: int | None = sampling.KV_CHUNK,
   refill_rows: int | None = None,
+  compactions: int = 0,
   max_tokens=None,
 ) -> Completions:
   """Samples continuations of W left-padded prompts through `rows` rows (continuous batching).
@@ -74,6 +85,7 @@ def generate_queue(
     key: one PRNG key: item i draws with ``fold_in(key, i)``. Or
     keys: [W] typed PRNG keys, one per item (item i draws with ``keys[i]``; module docstring).
     refill_rows: R, prompts prefilled together once R rows are free (static); default B / 4.
+    compactions: halvings of the batch once no item waits (static; module docstring).
     max_tokens: optional [W] ints, each item's own budget (at most `max_new_tokens`).
 
   Returns:
@@ -104,10 +116,9 @@ def generate_queue(
   if budgets.shape != (W,) or not jnp.issubdtype(budgets.dtype, jnp.integer):
     raise ValueError(f"generate_queue: max_tokens must be [W={W}] ints, got {budgets.shape}.")
   budgets = jnp.clip(budgets.astype(jnp.int32), 1, T)
-  kv_chunk = sampling._loop_options(kv_chunk, 0)["kv_chunk"]
   out, _, _ = decode_queue(
     params_or_model, deltas, delta_scale, ids, mask, keys, budgets, config=config, rows=B,
-    refill_rows=R, kv_chunk=kv_chunk, **opts,
+    refill_rows=R, **sampling._loop_options(kv_chunk, compactions), **opts,
   )  # fmt: skip
   return out
 
@@ -140,6 +151,7 @@ class _Queue(NamedTuple):
     "kv_chunk",
     "rows",
     "refill_rows",
+    "compactions",
   ),
 )
 def decode_queue(
@@ -163,6 +175,7 @@ def decode_queue(
   kv_chunk: int | None,
   rows: int,
   refill_rows: int,
+  compactions: int = 0,
 ):
   """The queue decode loop of `generate_queue` (module docstring). prompt_ids, prompt_mask
   [W, S]; keys [W] typed keys; budgets [W] int32 in [1, max_new_tokens], each item's cap.
@@ -207,13 +220,46 @@ def decode_queue(
       cache=cache, tok=tok, j=j + live, active=still, steps=state.steps + 1, out=out
     )
 
-  zeros = jnp.zeros((B,), jnp.int32)
-  start = _Queue(
-    fresh_cache(B), zeros, zeros, zeros, zeros.astype(bool), jnp.int32(0), jnp.int32(0),
-    jnp.int32(0), _empty(W, max_new_tokens, pad_id),
-  )  # fmt: skip
-  state = jax.lax.while_loop(lambda s: jnp.any(s.active), lambda s: fill(step(s)), fill(start))
+  state = fill(_start(fresh_cache(B), _empty(W, max_new_tokens, pad_id)))
+  sizes = phase_sizes(B, compactions)
+  for k, size in enumerate(sizes):  # phase 0 refills; later ones only drain the last items
+    if k:
+      state = _compact(state, size)
+    body = (lambda s: fill(step(s))) if k == 0 else step
+    state = jax.lax.while_loop(_running(W, sizes[k + 1 :]), body, state)
   return state.out, state.steps, state.refills
+
+
+def _start(cache: KVCache, out: Completions) -> _Queue:
+  """The state before the first prefill: every row free, no item started."""
+  zeros = jnp.zeros((cache.mask.shape[0],), jnp.int32)
+  count = jnp.int32(0)
+  return _Queue(cache, zeros, zeros, zeros, zeros.astype(bool), count, count, count, out)
+
+
+def _running(W: int, later: tuple[int, ...]):
+  """A phase's loop condition: some item unfinished, and (unless it is the last phase) items
+  waiting or more active rows than the next phase holds."""
+
+  def cond(state: _Queue):
+    go = jnp.any(state.active)
+    return go & ((state.next < W) | (jnp.sum(state.active) > later[0])) if later else go
+
+  return cond
+
+
+def _compact(state: _Queue, size: int) -> _Queue:
+  """The state cut to `size` rows: the active ones (all of them: the previous phase ran until
+  they fit), then idle ones."""
+  keep = jnp.argsort((~state.active).astype(jnp.int32), stable=True)[:size]
+  take = lambda x: jnp.take(x, keep, axis=0)  # noqa: E731
+  return state._replace(
+    cache=take_rows(state.cache, keep),
+    item=take(state.item),
+    j=take(state.j),
+    tok=take(state.tok),
+    active=take(state.active),
+  )
 
 
 def _decode_weights(params, deltas, config: ModelConfig, unroll_layers: bool):

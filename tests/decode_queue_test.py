@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from tiny_models import torch_model
 
-from es_jax import sampling
+from es_jax import decode_loop, sampling
 from es_jax.decode_queue import decode_queue, generate_queue
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import generate, pad_prompts
@@ -92,6 +92,7 @@ def test_items_get_their_own_decode_whatever_the_rows(tiny, temperature):
     dict(rows=4, refill_rows=3, kv_chunk=4),
     dict(rows=8, refill_rows=2),
     dict(rows=4, refill_rows=4, kv_chunk=8),
+    dict(rows=8, refill_rows=3, kv_chunk=4, compactions=2),
   ]
   for layout in layouts:
     _assert_same(_queue(tiny, PROMPTS, keys, temperature, eos, **layout), alone)
@@ -119,9 +120,10 @@ def test_one_key_gives_item_i_fold_in_key_i_and_generate_takes_row_keys(tiny):
   _assert_same(one, _alone(tiny, PROMPTS[:3], _keys()[:3], 1.0, eos), rows=slice(0, 3))
 
 
-def _schedule(lengths, rows, refill):
-  """(decode steps, prefills) of the queue's refill rule, replayed in Python."""
-  W, nxt, steps, prefills = len(lengths), 0, 0, 0
+def _schedule(lengths, rows, refill, compactions):
+  """(rows of each decode step, prefills) of the queue's refill and compaction rules, replayed
+  in Python."""
+  W, nxt, prefills, per_step = len(lengths), 0, 0, []
   left = [0] * rows  # tokens each row's item still has to emit after the current one
 
   def fill():
@@ -133,17 +135,24 @@ def _schedule(lengths, rows, refill):
       nxt, prefills = nxt + n, prefills + 1
 
   fill()
-  while any(left):
-    left = [max(x - 1, 0) for x in left]
-    steps += 1
-    fill()
-  return steps, prefills
+  sizes = decode_loop.phase_sizes(rows, compactions)
+  for k, size in enumerate(sizes):
+    later = sizes[k + 1 :]
+    while any(left) and (not later or nxt < W or sum(x > 0 for x in left) > later[0]):
+      left = [max(x - 1, 0) for x in left]
+      per_step.append(size)
+      if k == 0:
+        fill()
+  return per_step, prefills
 
 
-@pytest.mark.parametrize("rows,refill", [(4, 1), (4, 2), (3, 3), (8, 3)])
-def test_rows_refill_as_items_end(tiny, rows, refill):
-  """The loop runs the steps of the refill rule (replayed here from the items' lengths), fewer
-  than static batches of `rows` items, each run until its longest item ends."""
+@pytest.mark.parametrize(
+  "rows,refill,compactions", [(4, 1, 0), (4, 2, 0), (3, 3, 0), (8, 3, 0), (8, 2, 3)]
+)
+def test_rows_refill_as_items_end(tiny, monkeypatch, rows, refill, compactions):
+  """The loop runs the steps of the refill rule (replayed here from the items' lengths, with
+  the rows of each step counted), fewer than static batches of `rows` items, each run until its
+  longest item ends; compaction leaves the steps and tokens as they were."""
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
   opts = {
@@ -151,15 +160,35 @@ def test_rows_refill_as_items_end(tiny, rows, refill):
     "kv_chunk": None,
     "rows": rows,
     "refill_rows": refill,
+    "compactions": compactions,
   }
-  budgets = np.full(len(PROMPTS), T, np.int32)
-  out, steps, prefills = decode_queue(
-    p, None, None, ids, mask, _keys(), budgets, config=cfg, **opts
-  )
+  rows_per_step = []
+  real_forward = decode_loop.forward
+
+  def counting_forward(params, tokens, *args, **kw):
+    if tokens.shape[1] == 1:  # a decode step, not a prefill
+      n = tokens.shape[0]
+      jax.debug.callback(lambda: rows_per_step.append(n), ordered=True)
+    return real_forward(params, tokens, *args, **kw)
+
+  monkeypatch.setattr(decode_loop, "forward", counting_forward)
+  decode_queue.clear_cache()  # trace again, through the counting forward
+  budgets = np.full(W, T, np.int32)
+  try:
+    out, steps, prefills = decode_queue(
+      p, None, None, ids, mask, _keys(), budgets, config=cfg, **opts
+    )
+    jax.effects_barrier()
+  finally:
+    decode_queue.clear_cache()
   lengths = np.asarray(out.lengths)
-  assert (int(steps), int(prefills)) == _schedule(lengths.tolist(), rows, refill)
+  assert (rows_per_step, int(prefills)) == _schedule(lengths.tolist(), rows, refill, compactions)
+  assert int(steps) == len(rows_per_step)
   static = sum(lengths[i : i + rows].max() - 1 for i in range(0, len(lengths), rows))
   assert int(steps) < static
+  if compactions:
+    assert min(rows_per_step) < rows
+    _assert_same(out, _alone(tiny, PROMPTS, _keys(), 1.0, _eos()))
 
 
 def test_items_all_ending_at_once_and_never_ending(tiny):
