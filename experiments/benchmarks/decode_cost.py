@@ -8,10 +8,11 @@
 temperature 1, item i with its own key fold_in(key(0), i), through `rows` rows, with a budget of
 `max_new_tokens`. Target lengths are drawn from a log-normal distribution (median `median_len`,
 log-σ 0.8, clipped to [4, max_new_tokens]; seed 0); a free run (the queue decoder, each item
-capped at its target) gives each item's tokens, and per item the last token it emits for the
-first time at or before its target, which no other item emits before its own target, joins the
-stop set, so items end at or just before their targets (the realised lengths are printed: an
-item whose tokens come out otherwise in the timed runs, see below, ends elsewhere). Two decoders
+capped at its target) and one of the static loop give each item's tokens, and per item the last
+token it emits for the first time at or before its target in both runs, which no other item
+emits before its own target, joins the stop set, so items end at or just before their targets
+in both decoders (the realised lengths are printed; an item whose tokens differ between the runs
+before its target, see below, ends at its last token before they differ). Two decoders
 then decode the same items in the same run, each compiled ahead (compile time printed apart) and
 timed over `repeats` alternating runs (best of each): the static loop (`generate` with
 `kv_chunk=None, compactions=0` on items/rows batches of `rows` items, one key per row: every
@@ -71,20 +72,25 @@ def _load() -> str:
   return f"load {os.getloadavg()[0]:.1f}"
 
 
-def stop_tokens(tokens: np.ndarray, targets: np.ndarray) -> tuple[int, ...]:
-  """Per row, the latest token it first emits at or before its target length that no other row
-  emits before its own target: the stop set that ends rows at (or near) their targets."""
-  first = [{} for _ in tokens]  # per row: token -> first position
-  for r, row in enumerate(tokens):
-    for pos, tok in enumerate(row.tolist()):
-      first[r].setdefault(tok, pos)
+def stop_tokens(runs: list[np.ndarray], targets: np.ndarray) -> tuple[int, ...]:
+  """Per item, the latest token it first emits at or before its target length in every run
+  (`runs`: [W, T] tokens of each decoder's free run) that no other item emits, in any run, before
+  its own target: the stop set that ends items at (or just before) their targets in every run."""
+  firsts = []  # per run, per item: token -> first position
+  for tokens in runs:
+    firsts.append([{} for _ in tokens])
+    for r, row in enumerate(tokens):
+      for pos, tok in enumerate(row.tolist()):
+        firsts[-1][r].setdefault(tok, pos)
   chosen = set()
   for r, target in enumerate(targets):
     for pos in range(int(target) - 1, -1, -1):
-      tok = int(tokens[r, pos])
-      own = first[r][tok] == pos
-      others = (i for i in range(len(tokens)) if i != r)
-      if own and all(first[i].get(tok, 1 << 30) >= targets[i] - 1 for i in others):
+      tok = int(runs[0][r, pos])
+      own = all(
+        int(t[r, pos]) == tok and f[r][tok] == pos for t, f in zip(runs, firsts, strict=True)
+      )
+      others = (i for i in range(len(targets)) if i != r)
+      if own and all(f[i].get(tok, 1 << 30) >= targets[i] - 1 for i in others for f in firsts):
         chosen.add(tok)
         break
   return tuple(sorted(chosen))
@@ -97,8 +103,11 @@ def length_mix(p, cfg, args) -> None:
   mask = np.ones_like(ids, bool)
   targets = np.clip(np.round(np.exp(rng.normal(np.log(args.median_len), 0.8, W))), 4, T).astype(int)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(0), jnp.arange(W))
-  free_run, _ = queue_call(p, cfg, ids, mask, keys, targets, (), args)
-  eos = stop_tokens(np.asarray(free_run()[0].tokens), targets)
+  # Free runs of both decoders: an item's tokens can differ between them after a draw falls
+  # within float rounding of a token boundary, so its stop token is taken before that point.
+  queue_free = queue_call(p, cfg, ids, mask, keys, targets, (), args)[0]()[0]
+  static_free = static_call(p, cfg, ids, mask, keys, (), args)[0]()
+  eos = stop_tokens([np.asarray(run.tokens) for run in (static_free, queue_free)], targets)
   calls = {
     "static": static_call(p, cfg, ids, mask, keys, eos, args),
     "queue": queue_call(p, cfg, ids, mask, keys, np.full(W, T), eos, args),
