@@ -22,6 +22,7 @@ from es_jax import (
 )
 from es_jax.checkpoint import Checkpointer
 from es_jax.data import format_prompt, load_task
+from es_jax.decode_queue import generate_queue
 from es_jax.es import ESState, es_gradient, es_update_direction
 from es_jax.fitness import centered_rank, per_prompt_zscore, shape_fitness, zscore
 from es_jax.grpo import (

@@ -232,15 +232,25 @@ def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, un
   return logits, (params, deltas, axes), cache
 
 
+def row_uniform(key, t):
+  """The draw at step t of a row decoded with its own key: ``uniform(fold_in(key, t), (1,))[0]``,
+  what `generate` draws for a one-row batch (and for row r of a batch given one key per row)."""
+  return jax.random.uniform(jax.random.fold_in(key, t), (1,))[0]
+
+
 def _pick(t, logits, row, *, key, rows, member_mode, greedy, temperature, top_p, use_top_p):
   """Step t's tokens from logits [B', V]. Row r of group (member) m draws
   ``uniform(fold_in(key_m, t), (P,))[r]``, with one key for all groups outside member mode
-  (``uniform(fold_in(key, t), (M * P,))`` split by group): the static loop's draw for the row."""
+  (``uniform(fold_in(key, t), (M * P,))`` split by group): the static loop's draw for the row.
+  Outside member mode `key` may also hold one key per row ([B]): row r draws
+  ``row_uniform(key[r], t)``."""
   if greedy:
     return token_sampling.argmax(logits)
   groups = row.shape[0]  # row [M, P'] holds original rows of P per group
   if member_mode:
     u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (rows,)))(key)
+  elif key.ndim:
+    u = jax.vmap(row_uniform, in_axes=(0, None))(key, t).reshape(groups, rows)
   else:
     u = jax.random.uniform(jax.random.fold_in(key, t), (groups * rows,)).reshape(groups, rows)
   u = jnp.take_along_axis(u, row, axis=1).reshape(-1)

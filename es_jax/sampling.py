@@ -6,7 +6,9 @@ lengths so new batches reuse compiled code. `generate` works under `jax.vmap` ov
 params (or low-rank delta) axis and with the prompt batch sharded over devices (jit follows the
 input sharding). `generate_members` is the faster form of that vmap for many models on the same
 prompts (an ES population's members): one decode loop over all members' rows, with only the model
-call vmapped over members.
+call vmapped over members. More prompts than rows (an evaluation's problems x samples, a GRPO
+rollout's prompts x G) go through `es_jax.decode_queue.generate_queue`, which refills rows as
+their completions end.
 """
 
 from __future__ import annotations
@@ -219,7 +221,9 @@ def generate(
     params_or_model: a `Transformer`, or its parameter dict (then `config` is required).
     prompt_ids: [B, S] int, left-padded (see `pad_prompts`).
     prompt_mask: [B, S] bool, False on padding.
-    key: PRNG key; row draws at step t use fold_in(key, t).
+    key: PRNG key; row draws at step t use fold_in(key, t). Or one typed key per row ([B]):
+      row r then draws as a one-row batch with key[r] does (`decode_loop.row_uniform`), so its
+      tokens follow from its key whatever the batch (as a work item's in `generate_queue`).
     max_new_tokens: decode budget (static).
     max_new_tokens, temperature, top_p, eos_ids, pad_id: the decode settings, validated as a
       `Decoding` (`**decoding.generate_kwargs()` passes one). temperature is traced, so changing
@@ -253,6 +257,7 @@ def generate(
   if config is None:
     raise ValueError("generate: pass `config=` when giving a params dict instead of a model.")
   prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask)
+  _check_keys("generate", "key", key, (), (prompt_ids.shape[0],))
   return decode(
     params_or_model,
     deltas,
@@ -265,6 +270,19 @@ def generate(
     **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
     **_loop_options(kv_chunk, compactions),
   )
+
+
+def _check_keys(caller: str, name: str, key, *shapes) -> None:
+  """ValueError naming `caller` unless `key` is a typed PRNG key array of one of `shapes`."""
+  typed = jnp.issubdtype(getattr(key, "dtype", None), jax.dtypes.prng_key)
+  if not typed and shapes[0] == () and getattr(key, "shape", None) == (2,):
+    return  # a raw uint32 key: one key for the batch
+  if not typed or key.shape not in shapes:
+    raise ValueError(
+      f"{caller}: {name} must be a typed PRNG key (jax.random.key) of shape "
+      f"{' or '.join(map(str, shapes))}, got {getattr(key, 'dtype', type(key))} "
+      f"{getattr(key, 'shape', '')}."
+    )
 
 
 def _row_shards(prompt_ids) -> int:

@@ -9,6 +9,14 @@ fold_in(block_key, j), block_key = fold_in(task_key, b): each sample is a fixed 
 (task key, problem index, sample index, batch_size), whatever ran before. A batch holding only
 finished problems is skipped; any other batch is recomputed whole, with the same rows and key, so
 a resumed evaluation draws exactly the samples of an uninterrupted one.
+
+With `refill` on, a block's samples are one queue instead (`es_jax.decode_queue.generate_queue`:
+the block's P·n sample rows through `batch_size` rows, a row refilled with the next waiting sample
+as its completion ends, so the decode steps follow the tokens generated rather than each batch's
+longest completion). Sample s of problem p draws with its own key fold_in(block_key, p·n + s),
+so it does not depend on batch_size either. The queue always holds batch_size · n items (one
+compile per prompt-length bucket); the padding items and those of finished problems get a budget
+of one token. Resuming recomputes a block's unfinished problems only.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import jax
 import numpy as np
 
 from es_jax import models
+from es_jax.decode_queue import generate_queue
 from es_jax.sampling import generate, pad_prompts
 
 
@@ -55,21 +64,25 @@ class BlockScorer:
     prompt_fn,
     correct_fn,
     answer_fn,
+    refill=False,
   ):
     self.params, self.config, self.tokenizer = params, config, tokenizer
+    self.refill = bool(refill)
     self.n, self.batch_size, self.temperature = n, batch_size, temperature
     self.greedy, self.generate_kwargs = greedy, generate_kwargs
     self.prompt_fn, self.correct_fn, self.answer_fn = prompt_fn, correct_fn, answer_fn
     self.calls = self.new_tokens = 0
     self._resolved = None
 
-  def _generate(self, ids, mask, key, temperature):
+  def _generate(self, ids, mask, key, temperature, **queue):
+    """Completions of the rows (with `queue`: `generate_queue`'s keys, rows, max_tokens)."""
     if self._resolved is None:  # a loader runs only once some problem is left to do
       self._resolved = _resolve(self.params, self.config)
     params, config = self._resolved
-    out = generate(
-      params, ids, mask, key=key, temperature=temperature, config=config, **self.generate_kwargs
+    run = (
+      functools.partial(generate_queue, **queue) if queue else functools.partial(generate, key=key)
     )
+    out = run(params, ids, mask, temperature=temperature, config=config, **self.generate_kwargs)
     tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)  # [B, T]
     self.calls, self.new_tokens = self.calls + 1, self.new_tokens + int(mask.sum())
     return tokens, mask, np.asarray(out.entropy, np.float64)
@@ -101,15 +114,8 @@ class BlockScorer:
           int(out_mask[p].sum()),
         )
         acc[p]["greedy_text"] = text
-    num_rows = len(exs) * self.n
-    for j in range(-(-num_rows // self.batch_size)):
-      row_ids = np.arange(j * self.batch_size, (j + 1) * self.batch_size)
-      problem = np.minimum(row_ids // self.n, last)  # [B] padding rows repeat the last problem
-      live = [r for r in range(self.batch_size) if row_ids[r] < num_rows and problem[r] in acc]
-      if not live:
-        continue
-      key = jax.random.fold_in(block_key, j)
-      tokens, out_mask, entropy = self._generate(ids[problem], mask[problem], key, self.temperature)
+    batches = self._queue if self.refill else self._batches
+    for live, problem, (tokens, out_mask, entropy) in batches(ids, mask, acc, block_key):
       for r, text in zip(live, self._decode(tokens, out_mask, live), strict=True):
         a = acc[int(problem[r])]
         a["correct"].append(int(bool(self.correct_fn(text, exs[problem[r]]))))
@@ -119,3 +125,34 @@ class BlockScorer:
         a["texts"].append(text)
       for p in [p for p in acc if len(acc[p]["correct"]) == self.n]:
         yield block[p], acc.pop(p)
+
+  def _batches(self, ids, mask, acc, block_key):
+    """Yields (live rows, problem of each row, generate's output) per sampled batch that holds
+    an unfinished problem's sample."""
+    num_rows, last = ids.shape[0] * self.n, ids.shape[0] - 1
+    for j in range(-(-num_rows // self.batch_size)):
+      row_ids = np.arange(j * self.batch_size, (j + 1) * self.batch_size)
+      problem = np.minimum(row_ids // self.n, last)  # [B] padding rows repeat the last problem
+      live = [r for r in range(self.batch_size) if row_ids[r] < num_rows and problem[r] in acc]
+      if live:
+        key = jax.random.fold_in(block_key, j)
+        yield live, problem, self._generate(ids[problem], mask[problem], key, self.temperature)
+
+  def _queue(self, ids, mask, acc, block_key):
+    """The block's samples as one queue (module docstring): yields (live rows, problem of
+    each row, the queue's output) once, if some problem is unfinished."""
+    W, num_rows = self.batch_size * self.n, ids.shape[0] * self.n
+    row_ids = np.arange(W)
+    problem = np.minimum(row_ids // self.n, ids.shape[0] - 1)
+    live = [r for r in range(W) if r < num_rows and problem[r] in acc]
+    if live:
+      queue = dict(
+        keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(block_key, row_ids),
+        rows=self.batch_size,
+        max_tokens=np.where(np.isin(row_ids, live), self.generate_kwargs["max_new_tokens"], 1),
+      )
+      yield (
+        live,
+        problem,
+        self._generate(ids[problem], mask[problem], None, self.temperature, **queue),
+      )

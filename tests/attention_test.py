@@ -11,6 +11,8 @@ from es_jax.models.attention import (
   cached_attention,
   take_rows,
   unstack_cache,
+  write_mask,
+  write_slots,
 )
 
 
@@ -44,6 +46,35 @@ def test_blocked_equals_dense_attention(key, chunk, first_slot):
   # A static first slot (a prefill) reads the same chunks as one dense block.
   static = blocked_cached_attention(q, k_t, v, kv_mask, first_slot, chunk=chunk)
   np.testing.assert_allclose(np.asarray(static)[has_key], np.asarray(dense)[has_key], atol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_per_row_slots_equal_each_row_at_its_own_scalar_slot(key, chunk):
+  """A block index per row (rows at their own lengths) writes and reads, row by row, what the
+  same row does alone with that index as the batch's scalar index."""
+  q, k_t, v, kv_mask = _block(key, S=1)
+  index = jnp.array([2, 7, 10])  # [B]
+  k_new, v_new = jax.random.normal(jax.random.key(1), (2, 3, 1, 2, 8))  # [B, S, K, E] each
+  k_rows, v_rows = write_slots(k_t, v, k_new, v_new, index)
+  mask_rows = write_mask(kv_mask, jnp.ones((3, 1), bool), index)
+  stacked = write_slots(k_t[None], v[None], k_new, v_new, index, lead=(0,))
+  np.testing.assert_array_equal(np.asarray(stacked[0][0]), np.asarray(k_rows))
+  np.testing.assert_array_equal(np.asarray(stacked[1][0]), np.asarray(v_rows))
+  if chunk is None:
+    T = k_t.shape[-1]
+    allowed = mask_rows[:, None, :] & (jnp.arange(T)[None, None, :] <= index[:, None, None])
+    out = cached_attention(q, k_rows, v_rows, allowed)
+  else:
+    out = blocked_cached_attention(q, k_rows, v_rows, mask_rows, index, chunk=chunk)
+  for b in range(3):
+    row = lambda x, b=b: x[b : b + 1]  # noqa: E731
+    k_b, v_b = write_slots(row(k_t), row(v), row(k_new), row(v_new), index[b])
+    np.testing.assert_array_equal(np.asarray(k_b), np.asarray(row(k_rows)))
+    np.testing.assert_array_equal(np.asarray(v_b), np.asarray(row(v_rows)))
+    m_b = write_mask(row(kv_mask), jnp.ones((1, 1), bool), index[b])
+    np.testing.assert_array_equal(np.asarray(m_b), np.asarray(row(mask_rows)))
+    alone = blocked_cached_attention(q[b : b + 1], k_b, v_b, m_b, index[b], chunk=chunk or 12)
+    np.testing.assert_allclose(np.asarray(out[b]), np.asarray(alone[0]), atol=1e-5)
 
 
 def test_blocked_attention_reads_no_slot_after_the_block(key):

@@ -39,10 +39,13 @@ def test_sampler_vs_transformers_tokens_identical(capsys):
 
 def test_decode_cost_runs_and_prints_both_loops(capsys):
   decode_cost.main(
-    ["--model", "tiny", "--rows", "4", "--max_new_tokens", "12", "--median_len", "4"]
-    + ["--step_rows", "2", "--budget", "256", "--repeats", "1", "--skip", "c"]
+    ["--model", "tiny", "--items", "16", "--rows", "4", "--refill_rows", "2", "--kv_chunk", "4"]
+    + ["--max_new_tokens", "12", "--median_len", "4", "--step_rows", "2", "--budget", "256"]
+    + ["--repeats", "1", "--skip", "c"]
   )
   out = capsys.readouterr().out
-  assert re.search(r"static .*tok/s.*rows identical to static 4/4", out)
-  assert re.search(r"cost-following .*tok/s", out)
+  assert re.search(r"static .*tok/s.*\d+ steps, 4 prefills of 4.*identical to static 16/16", out)
+  assert re.search(r"queue .*tok/s.*\d+ steps, \d+ prefills of 2.*identical to static 16/16", out)
+  steps = [int(x) for x in re.findall(r"(\d+) steps, \d+ prefills", out)]
+  assert steps[1] < steps[0]  # the queue refills rows: fewer steps than the static batches
   assert re.search(r"chunked: 5% [0-9.]+ ms.*5%/100% = [0-9.]+", out)

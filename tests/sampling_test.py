@@ -8,6 +8,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import torch_model
 
 from es_jax.decode_loop import decode
+from es_jax.decode_queue import generate_queue
 from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
 from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import Decoding, generate, generate_members, pad_prompts
@@ -57,6 +58,28 @@ def test_greedy_matches_transformers_generate(tiny, loop):
     )[:, ids.shape[1] :].numpy()
   np.testing.assert_array_equal(np.asarray(out.tokens), expected)
   assert np.asarray(out.mask).all() and (np.asarray(out.lengths) == 12).all()
+
+
+def test_queue_greedy_matches_transformers_generate(tiny):
+  """The queue decoder (3 prompts through 2 rows, refilled one at a time, chunked reads)."""
+  import torch
+
+  ref, p, cfg = tiny
+  ids, mask = _prompts()
+  out = generate_queue(
+    p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12, rows=2, refill_rows=1,
+    kv_chunk=4,
+  )  # fmt: skip
+  with torch.no_grad():
+    expected = ref.generate(
+      input_ids=torch.tensor(ids, dtype=torch.long),
+      attention_mask=torch.tensor(mask.astype(np.int64)),
+      max_new_tokens=12,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )[:, ids.shape[1] :].numpy()
+  np.testing.assert_array_equal(np.asarray(out.tokens), expected)
 
 
 def _full_forward_logprobs(p, cfg, ids, mask, out):

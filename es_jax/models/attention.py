@@ -13,6 +13,11 @@ own, accumulating the softmax online over chunks (running max m, running sum l):
 
 so a decode step at slot p reads ⌈(p + 1) / C⌉ chunks. Equal to the dense form up to float
 rounding (the sums run chunk by chunk).
+
+A block's first slot (`index`) is one scalar for the whole batch (rows aligned by left padding:
+`es_jax.sampling.generate`) or one per row, [B] (rows at their own lengths:
+`es_jax.decode_queue`, where a row that ends takes the next waiting prompt); per-row writes are
+a scatter, and the blocked read stops after the chunk of the furthest row.
 """
 
 from __future__ import annotations
@@ -91,6 +96,47 @@ def take_group_rows(cache: KVCache, keep: jax.Array) -> KVCache:
   return KVCache(k, v, take(cache.mask, 0))
 
 
+def _row_slots(index, S: int) -> jax.Array:
+  """The block's query slots: [1, S] for a scalar `index`, [B, S] for one per row."""
+  return jnp.reshape(index, (-1, 1)) + jnp.arange(S)
+
+
+def write_mask(cache_mask, mask, index):
+  """cache_mask [B, T] with the block's mask [B, S] written at slots [index, index + S)."""
+  if jnp.ndim(index) == 0:
+    return jax.lax.dynamic_update_slice(cache_mask, mask, (0, index))
+  return jax.vmap(lambda m, new, i: jax.lax.dynamic_update_slice(m, new, (i,)))(
+    cache_mask, mask, index
+  )
+
+
+def allowed_slots(kv_mask, kv_slots, index, S: int):
+  """[B, S, T] bool: query s of each row attends to its real slots at or before its own."""
+  q_slots = _row_slots(index, S)
+  return kv_mask[:, None, :] & (kv_slots[None, None, :] <= q_slots[:, :, None])
+
+
+def write_slots(k_cache, v_cache, k, v, index, lead=()):
+  """Writes a block's keys and values k, v [B, S, K, E] at slots [index, index + S) of
+  k_cache [..., B, K, E, T] and v_cache [..., B, K, T, E] (`lead` indexes the leading axes;
+  `index` a scalar or [B])."""
+  n = len(lead)
+  k_t = k.transpose(0, 2, 3, 1).astype(k_cache.dtype)  # [B, K, E, S]
+  v = v.transpose(0, 2, 1, 3).astype(v_cache.dtype)  # [B, K, S, E]
+  if jnp.ndim(index) == 0:
+    k_t, v = k_t.reshape((1,) * n + k_t.shape), v.reshape((1,) * n + v.shape)
+    k_cache = jax.lax.dynamic_update_slice(k_cache, k_t, (*lead, 0, 0, 0, index))
+    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (*lead, 0, 0, index, 0))
+    return k_cache, v_cache
+
+  def row(kc, vc, kb, vb, i):  # one row: the B axis vmapped away
+    kc = jax.lax.dynamic_update_slice(kc, kb.reshape((1,) * n + kb.shape), (*lead, 0, 0, i))
+    vc = jax.lax.dynamic_update_slice(vc, vb.reshape((1,) * n + vb.shape), (*lead, 0, i, 0))
+    return kc, vc
+
+  return jax.vmap(row, in_axes=(n, n, 0, 0, 0), out_axes=n)(k_cache, v_cache, k_t, v, index)
+
+
 def self_attention(q, k, v, allowed):
   """Grouped-query attention over this block's own keys. q [B,S,H,E]; k, v [B,S,K,E];
   allowed [B,S,S] bool."""
@@ -139,8 +185,9 @@ def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
     q: [B, S, H, E] queries of the block at slots [first_slot, first_slot + S).
     k_t: [B, K, E, T] keys (transposed); v: [B, K, T, E]. T must be a multiple of `chunk`.
     kv_mask: [B, T] bool, slot holds a real token (the block's own slots included).
-    first_slot: the block's first slot; query s attends to real slots <= first_slot + s. A
-      Python int (a prefill at slot 0) reads the same chunks as one dense block.
+    first_slot: the block's first slot, a scalar or one per row [B]; query s attends to real
+      slots <= first_slot + s. A Python int (a prefill at slot 0) reads the same chunks as one
+      dense block. With one per row, every row reads the chunks up to the furthest row's.
     chunk: C, slots per chunk (static).
 
   Returns:
@@ -153,14 +200,14 @@ def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
   if T % chunk:
     raise ValueError(f"blocked attention: cache length {T} is not a multiple of chunk={chunk}.")
   G = H // K
-  q_slots = first_slot + jnp.arange(S)  # [S]
   if isinstance(first_slot, int):  # a static block (a prefill): its chunks as one dense read
     end = min(-(-(first_slot + S) // chunk) * chunk, T)
-    allowed = kv_mask[:, None, :end] & (jnp.arange(end)[None, None, :] <= q_slots[None, :, None])
+    allowed = allowed_slots(kv_mask[:, :end], jnp.arange(end), first_slot, S)
     return cached_attention(q, k_t[..., :end], v[:, :, :end], allowed)
+  q_slots = _row_slots(first_slot, S)  # [1 or B, S]
   qg = _grouped(q, K)  # [B, K, G*S, E]
   scale = 1.0 / math.sqrt(E)
-  num_chunks = (first_slot + S + chunk - 1) // chunk  # chunks holding a slot <= the last query's
+  num_chunks = (jnp.max(first_slot) + S + chunk - 1) // chunk  # up to the last query's slot
 
   def body(c, state):
     m, l, o = state  # [B, K, G*S], [B, K, G*S], [B, K, G*S, E] float32
@@ -169,7 +216,7 @@ def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
     v_c = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=2)  # [B, K, C, E]
     mask_c = jax.lax.dynamic_slice_in_dim(kv_mask, start, chunk, axis=1)  # [B, C]
     slots = start + jnp.arange(chunk)
-    allowed = mask_c[:, None, :] & (slots[None, None, :] <= q_slots[None, :, None])  # [B, S, C]
+    allowed = mask_c[:, None, :] & (slots[None, None, :] <= q_slots[:, :, None])  # [B, S, C]
     allowed = jnp.broadcast_to(allowed[:, None, None], (B, 1, G, S, chunk)).reshape(B, 1, -1, chunk)
     s = jnp.einsum("bkqe,bket->bkqt", qg, k_c, preferred_element_type=jnp.float32) * scale
     s = jnp.where(allowed, s, _NEG)

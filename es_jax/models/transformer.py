@@ -34,9 +34,12 @@ from flax import nnx
 
 from es_jax.models.attention import (
   KVCache,
+  allowed_slots,
   blocked_cached_attention,
   cached_attention,
   self_attention,
+  write_mask,
+  write_slots,
 )
 from es_jax.models.config import ModelConfig
 
@@ -216,7 +219,8 @@ def forward(
     cache: if given, this block is written to slots [cache_index, cache_index + S) (which must
       fit: cache_index + S <= T) and attends to every valid slot up to its own; the updated
       cache, stacked or per-layer like the one given, is returned.
-    cache_index: first cache slot of this block (traced scalar).
+    cache_index: first cache slot of this block: a traced scalar, or [B] (each row's own, for
+      rows at different lengths; a scatter).
     deltas: optional low-rank perturbations, a dict mirroring `params` with (a, b) pairs on
       matrices (layer matrices carry a leading L axis). See the module docstring.
     delta_scale: c in W + c a bᵀ.
@@ -253,14 +257,13 @@ def forward(
   mask = jnp.ones((B, S), bool) if mask is None else mask
   inv_freq = rope_inv_freq(c)
   h = _embed(params, tokens, deltas, delta_scale).astype(c.jnp_dtype)
-  q_slots = cache_index + jnp.arange(S)
   if cache is not None:
     # This block is written to the cache first, then attends to every valid slot up to itself.
-    kv_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, cache_index))  # [B, T]
+    kv_mask = write_mask(cache.mask, mask, cache_index)  # [B, T]
     kv_slots = jnp.arange(kv_mask.shape[1])
   else:
-    kv_mask, kv_slots = mask, q_slots
-  allowed = kv_mask[:, None, :] & (kv_slots[None, None, :] <= q_slots[None, :, None])  # [B,S,T]
+    kv_mask, kv_slots = mask, cache_index + jnp.arange(S)
+  allowed = allowed_slots(kv_mask, kv_slots, cache_index, S)  # [B, S, T]
 
   def layer(h, p, d, write):
     """One decoder layer. `write(k, v)` takes this block's keys and values ([B,S,K,E]) and
@@ -291,16 +294,6 @@ def forward(
   def no_cache(k, v):
     return k, v, None
 
-  def write_slots(k_cache, v_cache, k, v, lead=()):
-    """Writes the block at slot `cache_index` of k_cache [..., B, K, E, T] and v_cache
-    [..., B, K, T, E] (`lead` indexes the leading axes)."""
-    k_t = k.transpose(0, 2, 3, 1).reshape((1,) * len(lead) + (B, c.num_kv_heads, c.head_dim, S))
-    v = v.transpose(0, 2, 1, 3).reshape((1,) * len(lead) + (B, c.num_kv_heads, S, c.head_dim))
-    k_t, v = k_t.astype(k_cache.dtype), v.astype(v_cache.dtype)
-    k_cache = jax.lax.dynamic_update_slice(k_cache, k_t, (*lead, 0, 0, 0, cache_index))
-    v_cache = jax.lax.dynamic_update_slice(v_cache, v, (*lead, 0, 0, cache_index, 0))
-    return k_cache, v_cache
-
   new_cache = None
   if unrolled:
     # Per-layer weights and cache buffers: the matmuls read the weights in place and the cache
@@ -309,7 +302,7 @@ def forward(
       raise ValueError("forward: unstacked layers need an unstacked cache (`unstack_cache`).")
 
     def write_layer(i, k, v):
-      k_i, v_i = write_slots(cache.k[i], cache.v[i], k, v)
+      k_i, v_i = write_slots(cache.k[i], cache.v[i], k, v, cache_index)
       return k_i, v_i, (k_i, v_i)
 
     new_k, new_v = [], []
@@ -337,7 +330,7 @@ def forward(
       p, d, i = xs
 
       def write(k, v):
-        k_new, v_new = write_slots(k_all, v_all, k, v, lead=(i,))
+        k_new, v_new = write_slots(k_all, v_all, k, v, cache_index, lead=(i,))
         return k_new[i], v_new[i], (k_new, v_new)
 
       h, (k_all, v_all) = layer(h, p, d, write)

@@ -1,22 +1,28 @@
-"""Decode cost against the tokens generated: the chunked, compacting decode loop vs the static one.
+"""Decode cost against the tokens generated: continuous batching vs the static decode loop.
 
-    python -m experiments.benchmarks.decode_cost [--model smollm2] [--rows 16]
-        [--max_new_tokens 256] [--step_rows 16] [--budget 2048] [--repeats 2]
+    python -m experiments.benchmarks.decode_cost [--model smollm2] [--items 64] [--rows 16]
+        [--refill_rows 4] [--compactions 2] [--kv_chunk none] [--max_new_tokens 256]
+        [--median_len 48] [--step_rows 16] [--budget 2048] [--repeats 2] [--skip a,b,c]
 
-(a) Length mix. `rows` random-id prompts of `prompt_len` tokens are sampled (temperature 1 and a
-fixed key: varied text, where greedy decoding of random prompts loops) with a budget of
+(a) Length mix. `items` work items (random-id prompts of `prompt_len` tokens) are sampled at
+temperature 1, item i with its own key fold_in(key(0), i), through `rows` rows, with a budget of
 `max_new_tokens`. Target lengths are drawn from a log-normal distribution (median `median_len`,
-log-σ 0.8, clipped to [4, max_new_tokens]; seed 0); a free run of the static loop picks, per row, a
-token it emits near its target and never earlier, and those tokens become the stop set, so rows end
-near their targets (the realised lengths are printed: another row's stop token can end a row
-earlier, and a row without a suitable token runs to the budget). Two loops decode the same rows in
-the same run, each compiled ahead (compile time printed apart) and timed over `repeats` alternating
-runs (best of each): the static loop (`kv_chunk=None, compactions=0`: every step reads every slot
-of every row until the longest row ends, `generate`'s default) and the cost-following loop
-(`KV_CHUNK` chunked cache reads, `COMPACTIONS` halvings of the batch as rows end). Prints
-generated tokens per second of each, the ratio, and how many rows' tokens equal the static
-loop's (a sampled row can diverge where a draw falls within float rounding of a token boundary:
-`es_jax.decode_loop`).
+log-σ 0.8, clipped to [4, max_new_tokens]; seed 0); a free run (the queue decoder, each item
+capped at its target) and one of the static loop give each item's tokens, and per item the last
+token it emits for the first time at or before its target in both runs, which no other item
+emits before its own target, joins the stop set, so items end at or just before their targets
+in both decoders (the realised lengths are printed; an item whose tokens differ between the runs
+before its target, see below, ends at its last token before they differ). Two decoders
+then decode the same items in the same run, each compiled ahead (compile time printed apart) and
+timed over `repeats` alternating runs (best of each): the static loop (`generate` with
+`kv_chunk=None, compactions=0` on items/rows batches of `rows` items, one key per row: every
+step reads every slot of every row, and a batch runs until its longest item ends) and the queue
+decoder (`es_jax.decode_queue`: a row whose item ends is refilled with the next waiting item,
+`refill_rows` prompts prefilled at a time; once none waits, `compactions` halvings of the batch;
+KV cache read in chunks of `kv_chunk` slots, or every slot with 'none'). Both give an item the
+same draws, hence the same tokens up to float rounding (the items whose tokens are identical are
+counted). Prints generated tokens per second of each, their ratio, and the decode steps and
+prefills each ran.
 
 (b) Step cost against cache fill. One decode step (`forward` with one new token per row over a
 cache of `budget` slots, layers unrolled as the CPU decode loop runs them, cache donated so it is
@@ -46,6 +52,7 @@ import numpy as np
 
 from es_jax import sampling
 from es_jax.decode_loop import decode
+from es_jax.decode_queue import decode_queue
 from es_jax.models import (
   forward,
   init_cache,
@@ -57,31 +64,33 @@ from es_jax.models import (
 from experiments.benchmarks._common import MODELS, load_model
 
 FILLS = (0.05, 0.5, 1.0)
-KV_CHUNK, COMPACTIONS = 128, 2  # the cost-following loop (generate's kv_chunk=, compactions=)
+KV_CHUNK = 128  # the queue decoder's and (b)'s chunked cache reads (generate's kv_chunk=)
 STATIC = dict(kv_chunk=None, compactions=0)  # every step reads all slots of all rows
-LOOPS = (
-  ("static", STATIC),
-  ("cost-following", dict(kv_chunk=KV_CHUNK, compactions=COMPACTIONS)),
-)
 
 
 def _load() -> str:
   return f"load {os.getloadavg()[0]:.1f}"
 
 
-def stop_tokens(tokens: np.ndarray, targets: np.ndarray) -> tuple[int, ...]:
-  """Per row, the latest token it first emits at or before its target length that no other row
-  emits before its own target: the stop set that ends rows at (or near) their targets."""
-  first = [{} for _ in tokens]  # per row: token -> first position
-  for r, row in enumerate(tokens):
-    for pos, tok in enumerate(row.tolist()):
-      first[r].setdefault(tok, pos)
+def stop_tokens(runs: list[np.ndarray], targets: np.ndarray) -> tuple[int, ...]:
+  """Per item, the latest token it first emits at or before its target length in every run
+  (`runs`: [W, T] tokens of each decoder's free run) that no other item emits, in any run, before
+  its own target: the stop set that ends items at (or just before) their targets in every run."""
+  firsts = []  # per run, per item: token -> first position
+  for tokens in runs:
+    firsts.append([{} for _ in tokens])
+    for r, row in enumerate(tokens):
+      for pos, tok in enumerate(row.tolist()):
+        firsts[-1][r].setdefault(tok, pos)
   chosen = set()
   for r, target in enumerate(targets):
     for pos in range(int(target) - 1, -1, -1):
-      tok = int(tokens[r, pos])
-      own = first[r][tok] == pos
-      if own and all(first[i].get(tok, 1 << 30) >= targets[i] - 1 for i in range(len(tokens))):
+      tok = int(runs[0][r, pos])
+      own = all(
+        int(t[r, pos]) == tok and f[r][tok] == pos for t, f in zip(runs, firsts, strict=True)
+      )
+      others = (i for i in range(len(targets)) if i != r)
+      if own and all(f[i].get(tok, 1 << 30) >= targets[i] - 1 for i in others for f in firsts):
         chosen.add(tok)
         break
   return tuple(sorted(chosen))
@@ -89,54 +98,93 @@ def stop_tokens(tokens: np.ndarray, targets: np.ndarray) -> tuple[int, ...]:
 
 def length_mix(p, cfg, args) -> None:
   rng = np.random.default_rng(0)
-  ids = rng.integers(3, cfg.vocab_size, size=(args.rows, args.prompt_len)).astype(np.int32)
+  W, B, T = args.items, args.rows, args.max_new_tokens
+  ids = rng.integers(3, cfg.vocab_size, size=(W, args.prompt_len)).astype(np.int32)
   mask = np.ones_like(ids, bool)
-  targets = np.clip(
-    np.round(np.exp(rng.normal(np.log(args.median_len), 0.8, args.rows))), 4, args.max_new_tokens
-  ).astype(int)
-  key = jax.random.key(0)
-  free = compiled(p, cfg, ids, mask, key, args.max_new_tokens, (), STATIC)[0]()
-  eos = stop_tokens(np.asarray(free.tokens), targets)
+  targets = np.clip(np.round(np.exp(rng.normal(np.log(args.median_len), 0.8, W))), 4, T).astype(int)
+  keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(0), jnp.arange(W))
+  # Free runs of both decoders: an item's tokens can differ between them after a draw falls
+  # within float rounding of a token boundary, so its stop token is taken before that point.
+  queue_free = queue_call(p, cfg, ids, mask, keys, targets, (), args)[0]()[0]
+  static_free = static_call(p, cfg, ids, mask, keys, (), args)[0]()
+  eos = stop_tokens([np.asarray(run.tokens) for run in (static_free, queue_free)], targets)
   calls = {
-    name: compiled(p, cfg, ids, mask, key, args.max_new_tokens, eos, loop) for name, loop in LOOPS
+    "static": static_call(p, cfg, ids, mask, keys, eos, args),
+    "queue": queue_call(p, cfg, ids, mask, keys, np.full(W, T), eos, args),
   }
-  runs = {name: [float("inf"), calls[name][1], None] for name, _ in LOOPS}
+  best = {name: (float("inf"), None) for name in calls}
   for _ in range(args.repeats):  # alternate the loops, so load changes hit both alike
-    for name, _ in LOOPS:
+    for name, (call, _) in calls.items():
       start = time.perf_counter()
-      out = jax.block_until_ready(calls[name][0]())
-      runs[name] = [min(runs[name][0], time.perf_counter() - start), calls[name][1], out]
-  static = runs["static"][2]
+      out = jax.block_until_ready(call())
+      best[name] = min(best[name], (time.perf_counter() - start, out), key=lambda x: x[0])
+  static, (queue, steps, prefills) = best["static"][1], best["queue"][1]
   lengths = np.asarray(static.lengths)
+  batch_max = lengths[: W // B * B].reshape(-1, B).max(axis=1)
   print(
-    f"(a) length mix: {args.rows} rows, budget {args.max_new_tokens}, targets log-normal median "
+    f"(a) length mix: {W} items through {B} rows, budget {T}, targets log-normal median "
     f"{args.median_len} (mean {targets.mean():.1f}, max {targets.max()}): realised lengths mean "
     f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, "
-    f"p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}; {lengths.sum()} tokens"
+    f"p90 {np.percentile(lengths, 90):.0f}, max {lengths.max()}; {lengths.sum()} tokens, "
+    f"{len(eos)} stop tokens"
   )
-  for name, loop in LOOPS:
-    seconds, compile_s, out = runs[name]
+  figures = {
+    "static": (static, f"{int((batch_max - 1).sum())} steps, {len(batch_max)} prefills of {B}"),
+    "queue": (queue, f"{int(steps)} steps, {int(prefills)} prefills of {args.refill_rows}"),
+  }
+  for name, (out, work) in figures.items():
+    seconds, compile_s = best[name][0], calls[name][1]
     n = int(np.asarray(out.lengths).sum())
-    speedup = (n / seconds) / (lengths.sum() / runs["static"][0])
+    speedup = (n / seconds) / (lengths.sum() / best["static"][0])
     same = (np.asarray(out.tokens) == np.asarray(static.tokens)).all(axis=1)
     print(
-      f"    {name:<10} {loop}: {n / seconds:6.1f} tok/s ({seconds:.2f} s, "
-      f"compile {compile_s:.1f} s), x{speedup:.2f} the static loop's tok/s, rows identical "
-      f"to static {same.sum()}/{len(same)}, {_load()}"
+      f"    {name:<6} {n / seconds:6.1f} tok/s ({seconds:.2f} s, compile {compile_s:.1f} s, "
+      f"{work}), x{speedup:.2f} the static loop's tok/s, items identical to static "
+      f"{same.sum()}/{len(same)}, {_load()}"
     )
 
 
-def compiled(p, cfg, ids, mask, key, max_new_tokens, eos, loop):
-  """(a zero-argument call of the compiled decode, seconds spent compiling it)."""
-  opts = {
-    **sampling._decode_options(max_new_tokens, 1.0, None, eos, 0, None),
-    **sampling._loop_options(**loop),
-  }
-  dynamic = {k: opts.pop(k) for k in ("temperature", "top_p")}
+def _compiled(fn, *args, **static):
+  """(`fn` compiled ahead for these arguments, seconds spent compiling)."""
   start = time.perf_counter()
-  exe = decode.lower(p, None, None, ids, mask, key, config=cfg, **dynamic, **opts).compile()
-  compile_s = time.perf_counter() - start
-  return lambda: exe(p, None, None, ids, mask, key, **dynamic), compile_s
+  exe = fn.lower(*args, **static).compile()
+  return exe, time.perf_counter() - start
+
+
+def _options(eos, max_new_tokens) -> tuple[dict, dict]:
+  """(traced, static) decode options: temperature 1, no nucleus, pad 0."""
+  opts = sampling._decode_options(max_new_tokens, 1.0, None, eos, 0, None)
+  return {k: opts.pop(k) for k in ("temperature", "top_p")}, opts
+
+
+def queue_call(p, cfg, ids, mask, keys, budgets, eos, args):
+  """The queue decoder on all items, each capped at `budgets`: (a zero-argument call returning
+  (Completions, decode steps, prefills), compile seconds)."""
+  dynamic, opts = _options(eos, args.max_new_tokens)
+  inputs = (p, None, None, ids, mask, keys, jnp.asarray(budgets, jnp.int32))
+  layout = dict(
+    rows=args.rows, refill_rows=args.refill_rows, kv_chunk=args.kv_chunk,
+    compactions=args.compactions,
+  )  # fmt: skip
+  exe, compile_s = _compiled(decode_queue, *inputs, **dynamic, config=cfg, **opts, **layout)
+  return lambda: exe(*inputs, **dynamic), compile_s
+
+
+def static_call(p, cfg, ids, mask, keys, eos, args):
+  """The static loop on the items in turn, `rows` at a time: (a zero-argument call returning
+  the Completions of all items, compile seconds)."""
+  dynamic, opts = _options(eos, args.max_new_tokens)
+  W, B = len(ids), args.rows
+  batches = [(ids[i : i + B], mask[i : i + B], keys[i : i + B]) for i in range(0, W, B)]
+  exe, compile_s = _compiled(
+    decode, p, None, None, *batches[0], **dynamic, config=cfg, **opts, **STATIC, row_groups=1
+  )
+
+  def run():
+    outs = [exe(p, None, None, *batch, **dynamic) for batch in batches]
+    return jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
+
+  return run, compile_s
 
 
 def step_cost(p, cfg, args) -> None:
@@ -181,7 +229,16 @@ def step_cost(p, cfg, args) -> None:
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--model", default="smollm2", choices=MODELS)
-  parser.add_argument("--rows", type=int, default=16)
+  parser.add_argument("--items", type=int, default=64, help="(a): W work items")
+  parser.add_argument("--rows", type=int, default=16, help="(a): B rows decoded at once")
+  parser.add_argument("--refill_rows", type=int, default=4, help="(a): R prompts per prefill")
+  parser.add_argument(
+    "--compactions", type=int, default=2, help="(a): the queue's halvings once no item waits"
+  )
+  parser.add_argument(
+    "--kv_chunk", type=lambda x: None if x == "none" else int(x), default=None,
+    help="(a): the queue decoder's cache chunk ('none': it reads every slot, as the static loop)",
+  )  # fmt: skip
   parser.add_argument("--prompt_len", type=int, default=32)
   parser.add_argument("--max_new_tokens", type=int, default=256)
   parser.add_argument("--median_len", type=int, default=48)
@@ -191,6 +248,8 @@ def main(argv=None) -> None:
   parser.add_argument("--topology", default="v5e:2x2", help="TPU topology for (c) (one chip)")
   parser.add_argument("--skip", default="", help="comma list of parts to skip: a,b,c")
   args = parser.parse_args(argv)
+  if args.items % args.rows:
+    parser.error(f"--items={args.items} must be a multiple of --rows={args.rows}.")
   model, _ = load_model(args.model)
   p, cfg = params(model), model.config
   print(f"model {args.model}, {cfg.dtype}, jax {jax.__version__} on {jax.devices()[0].platform}")
