@@ -24,8 +24,6 @@ of the stack on every step (about a quarter of a SmolLM2 decode step's op time).
 
 from __future__ import annotations
 
-import functools
-import math
 from typing import Any
 
 import jax
@@ -35,13 +33,20 @@ from flax import nnx
 from es_jax.models.attention import (
   KVCache,
   allowed_slots,
-  blocked_cached_attention,
-  cached_attention,
-  self_attention,
   write_mask,
-  write_slots,
 )
 from es_jax.models.config import ModelConfig
+from es_jax.models.layers import (  # noqa: F401 (rms_norm, apply_rope: public here too)
+  Block,
+  apply_rope,
+  linear,
+  low_rank,
+  rms_norm,
+  rope_inv_freq,
+  run_scanned,
+  run_scanned_cached,
+  run_unrolled,
+)
 
 Params = dict[str, Any]
 
@@ -122,54 +127,6 @@ def param_shapes(config: ModelConfig) -> Params:
 # ----------------------------------------------------------------------------- building blocks
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm in float32, cast back before the weight multiply (as HF Llama/Qwen2 do)."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return weight * y.astype(x.dtype)
-
-
-def rope_inv_freq(config: ModelConfig) -> jax.Array:
-  """Inverse frequencies [E/2], with Llama-3 scaling when configured."""
-  dim = config.head_dim
-  inv_freq = 1.0 / (config.rope_theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
-  s = config.rope_scaling
-  if s is None:
-    return inv_freq
-  low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-  high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-  wavelen = 2 * math.pi / inv_freq
-  scaled = jnp.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
-  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-    s.high_freq_factor - s.low_freq_factor
-  )
-  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
-  medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-  return jnp.where(medium, smoothed, scaled)
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotate-half RoPE (HF layout). x [B, S, heads, E], positions [B, S]."""
-  freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, S, E/2]
-  emb = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [B, S, 1, E]
-  cos, sin = jnp.cos(emb).astype(x.dtype), jnp.sin(emb).astype(x.dtype)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
-
-
-def _low_rank(x, a, b):
-  """(x @ a) @ b.T for x [..., m], a [m, R], b [n, R]."""
-  return (x @ a.astype(x.dtype)) @ b.T.astype(x.dtype)
-
-
-def _linear(x, w, delta=None, scale=None):
-  y = x @ w
-  if delta is not None:
-    a, b = delta  # [m, R], [n, R]
-    y = y + (scale * _low_rank(x, a, b)).astype(y.dtype)
-  return y
-
-
 def _embed(params: Params, tokens: jax.Array, deltas: Params, scale) -> jax.Array:
   h = jnp.take(params["embed"], tokens, axis=0)  # [B, S, D]
   if deltas.get("embed") is not None:
@@ -180,15 +137,30 @@ def _embed(params: Params, tokens: jax.Array, deltas: Params, scale) -> jax.Arra
 
 def _unembed(params: Params, h: jax.Array, deltas: Params, scale) -> jax.Array:
   if "lm_head" in params:
-    return _linear(h, params["lm_head"], deltas.get("lm_head"), scale)
+    return linear(h, params["lm_head"], deltas.get("lm_head"), scale)
   logits = h @ params["embed"].T
   if deltas.get("embed") is not None:
     a, b = deltas["embed"]  # tied head: h @ (W + c a bᵀ)ᵀ = h Wᵀ + c (h b) aᵀ
-    logits = logits + (scale * _low_rank(h, b, a)).astype(h.dtype)
+    logits = logits + (scale * low_rank(h, b, a)).astype(h.dtype)
   return logits
 
 
 # ----------------------------------------------------------------------------- forward
+
+
+def _layer_deltas(layer_deltas, layers, unrolled: bool):
+  """The layers' (a, b) pairs in the layout of `layers`: a dict of stacked pairs (scan) or one
+  dict per layer (unrolled), without the None entries."""
+  if isinstance(layer_deltas, dict):
+    layer_deltas = {k: v for k, v in layer_deltas.items() if v is not None}
+    if unrolled:
+      layer_deltas = unstack_layers({"layers": layer_deltas})["layers"] if layer_deltas else ()
+  elif not unrolled:
+    raise ValueError("forward: unstacked layer deltas need unstacked layers (`unstack_layers`).")
+  if unrolled:
+    layer_deltas = [{k: v for k, v in d.items() if v is not None} for d in layer_deltas]
+    layer_deltas = layer_deltas or [{}] * len(layers)
+  return layer_deltas
 
 
 def forward(
@@ -244,16 +216,7 @@ def forward(
   deltas = deltas or {}
   layers = params["layers"]
   unrolled = isinstance(layers, (list, tuple))
-  layer_deltas = deltas.get("layers") or {}
-  if isinstance(layer_deltas, dict):
-    layer_deltas = {k: v for k, v in layer_deltas.items() if v is not None}
-    if unrolled:
-      layer_deltas = unstack_layers({"layers": layer_deltas})["layers"] if layer_deltas else ()
-  elif not unrolled:
-    raise ValueError("forward: unstacked layer deltas need unstacked layers (`unstack_layers`).")
-  if unrolled:
-    layer_deltas = [{k: v for k, v in d.items() if v is not None} for d in layer_deltas]
-    layer_deltas = layer_deltas or [{}] * len(layers)
+  layer_deltas = _layer_deltas(deltas.get("layers") or {}, layers, unrolled)
   mask = jnp.ones((B, S), bool) if mask is None else mask
   inv_freq = rope_inv_freq(c)
   h = _embed(params, tokens, deltas, delta_scale).astype(c.jnp_dtype)
@@ -265,81 +228,15 @@ def forward(
     kv_mask, kv_slots = mask, cache_index + jnp.arange(S)
   allowed = allowed_slots(kv_mask, kv_slots, cache_index, S)  # [B, S, T]
 
-  def layer(h, p, d, write):
-    """One decoder layer. `write(k, v)` takes this block's keys and values ([B,S,K,E]) and
-    returns (keys, values to attend over, updated cache state)."""
-    x = rms_norm(h, p["attn_norm"], c.norm_eps)
-    q = _linear(x, p["wq"], d.get("wq"), delta_scale)
-    k = _linear(x, p["wk"], d.get("wk"), delta_scale)
-    v = _linear(x, p["wv"], d.get("wv"), delta_scale)
-    if c.qkv_bias:
-      q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
-    q = apply_rope(q.reshape(B, S, c.num_heads, c.head_dim), positions, inv_freq)
-    k = apply_rope(k.reshape(B, S, c.num_kv_heads, c.head_dim), positions, inv_freq)
-    v = v.reshape(B, S, c.num_kv_heads, c.head_dim)
-    keys, values, state = write(k, v)
-    if cache is None:
-      attn = self_attention(q, keys, values, allowed)
-    elif kv_chunk is None:
-      attn = cached_attention(q, keys, values, allowed)
-    else:
-      attn = blocked_cached_attention(q, keys, values, kv_mask, cache_index, chunk=kv_chunk)
-    h = h + _linear(attn, p["wo"], d.get("wo"), delta_scale)
-    x = rms_norm(h, p["mlp_norm"], c.norm_eps)
-    gate = _linear(x, p["w_gate"], d.get("w_gate"), delta_scale)
-    up = _linear(x, p["w_up"], d.get("w_up"), delta_scale)
-    h = h + _linear(jax.nn.silu(gate) * up, p["w_down"], d.get("w_down"), delta_scale)
-    return h, state
-
-  def no_cache(k, v):
-    return k, v, None
-
-  new_cache = None
+  blk = Block(
+    c, positions, inv_freq, allowed, cache is not None, kv_mask, cache_index, kv_chunk, delta_scale
+  )
   if unrolled:
-    # Per-layer weights and cache buffers: the matmuls read the weights in place and the cache
-    # writes are in place, so a decode step copies neither.
-    if cache is not None and not isinstance(cache.k, tuple):
-      raise ValueError("forward: unstacked layers need an unstacked cache (`unstack_cache`).")
-
-    def write_layer(i, k, v):
-      k_i, v_i = write_slots(cache.k[i], cache.v[i], k, v, cache_index)
-      return k_i, v_i, (k_i, v_i)
-
-    new_k, new_v = [], []
-    for i, (p, d) in enumerate(zip(layers, layer_deltas, strict=True)):
-      write = no_cache if cache is None else functools.partial(write_layer, i)
-      h, state = layer(h, p, d, write)
-      if state is not None:
-        new_k.append(state[0])
-        new_v.append(state[1])
-    if cache is not None:
-      new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=kv_mask)
+    h, new_cache = run_unrolled(blk, h, layers, layer_deltas, cache)
   elif cache is None:
-    body = lambda h, xs: (layer(h, *xs, no_cache)[0], None)  # noqa: E731
-    if remat:
-      body = jax.checkpoint(body, prevent_cse=False)  # under scan CSE cannot undo the remat
-    h, _ = jax.lax.scan(body, h, (layers, layer_deltas))
+    h, new_cache = run_scanned(blk, h, layers, layer_deltas, remat), None
   else:
-    if isinstance(cache.k, tuple):
-      raise ValueError("forward: stacked layers need a stacked cache (`init_cache`).")
-
-    # The stacked cache rides in the scan carry: the block is written in place and only the
-    # running layer's slots are sliced out to attend over.
-    def scan_layer(carry, xs):
-      h, k_all, v_all = carry
-      p, d, i = xs
-
-      def write(k, v):
-        k_new, v_new = write_slots(k_all, v_all, k, v, cache_index, lead=(i,))
-        return k_new[i], v_new[i], (k_new, v_new)
-
-      h, (k_all, v_all) = layer(h, p, d, write)
-      return (h, k_all, v_all), None
-
-    xs = (layers, layer_deltas, jnp.arange(c.num_layers))
-    (h, k_all, v_all), _ = jax.lax.scan(scan_layer, (h, cache.k, cache.v), xs)
-    new_cache = KVCache(k=k_all, v=v_all, mask=kv_mask)
-
+    h, new_cache = run_scanned_cached(blk, h, layers, layer_deltas, cache)
   if last_only:
     h = h[:, -1:]
   h = rms_norm(h, params["final_norm"], c.norm_eps)
