@@ -249,7 +249,7 @@ def _pick(t, logits, row, *, key, rows, member_mode, greedy, temperature, top_p,
   groups = row.shape[0]  # row [M, P'] holds original rows of P per group
   if member_mode:
     u = jax.vmap(lambda k: jax.random.uniform(jax.random.fold_in(k, t), (rows,)))(key)
-  elif key.ndim:
+  elif key.ndim and jnp.issubdtype(key.dtype, jax.dtypes.prng_key):  # one typed key per row
     u = jax.vmap(row_uniform, in_axes=(0, None))(key, t).reshape(groups, rows)
   else:
     u = jax.random.uniform(jax.random.fold_in(key, t), (groups * rows,)).reshape(groups, rows)

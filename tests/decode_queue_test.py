@@ -236,3 +236,8 @@ def test_bad_arguments_are_named(tiny):
     run(rows=2, key=jax.random.key(0), max_tokens=np.ones(3, np.int32))
   with pytest.raises(ValueError, match="generate: key must be"):
     generate(p, ids, mask, config=cfg, max_new_tokens=4, key=_keys(3))
+  # A raw uint32 key (shape (2,)) is still one key for the whole batch, not one per row.
+  kw = dict(config=cfg, max_new_tokens=4, temperature=1.0)
+  raw = generate(p, ids[:2], mask[:2], key=jax.random.PRNGKey(3), **kw)
+  typed = generate(p, ids[:2], mask[:2], key=jax.random.wrap_key_data(jax.random.PRNGKey(3)), **kw)
+  np.testing.assert_array_equal(np.asarray(raw.tokens), np.asarray(typed.tokens))
