@@ -123,6 +123,7 @@ def _eval_rules() -> dict[str, Rule]:
     "eval.top_p": PROBABILITY,
     "eval.max_new_tokens": integer(1),
     "eval.batch_size": integer(1),
+    "eval.refill": boolean,
     "eval.ks": int_sequence(1),
     "eval.every": integer(0),
     "eval.periodic_limit": integer(1),

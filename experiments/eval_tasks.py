@@ -54,6 +54,8 @@ class EvalSettings:
     num_samples: n, samples per problem at `temperature` (paper: 32).
     max_new_tokens: decode budget per sample.
     batch_size: rows per generate call (fixed; see the module docstring for the layout).
+    refill: decode each block's samples as one queue through `batch_size` rows
+      (`experiments.eval_sampler`); its samples draw with their own keys.
     temperature: sampling temperature (paper: 0.6).
     top_p: nucleus mass (paper: 1.0, i.e. off).
     greedy: also decode one greedy sample per problem.
@@ -71,6 +73,7 @@ class EvalSettings:
   num_samples: int
   max_new_tokens: int
   batch_size: int
+  refill: bool = False
   temperature: float = 0.6
   top_p: float = 1.0
   greedy: bool = True

@@ -160,6 +160,8 @@ def _meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info
     "pad_id": pad_id,
     "key": eval_results.key_json(key),
     "run_info": json.loads(json.dumps(run_info)) if run_info else None,
+    # only when on, so that evaluations saved before the field existed still resume
+    **({"refill": True} if settings.refill else {}),
   }
 
 
@@ -203,6 +205,7 @@ def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, pr
     batch_size=settings.batch_size,
     temperature=float(settings.temperature),
     greedy=settings.greedy,
+    refill=settings.refill,
     generate_kwargs=dict(
       max_new_tokens=settings.max_new_tokens,
       top_p=settings.top_p,
@@ -350,6 +353,7 @@ class Evaluator:
       num_samples=num_samples,
       max_new_tokens=int(ev.max_new_tokens),
       batch_size=int(ev.batch_size),
+      refill=bool(ev.refill),
       temperature=float(ev.temperature),
       top_p=float(ev.top_p),
       ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),

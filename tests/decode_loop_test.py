@@ -9,20 +9,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from tiny_models import torch_model
+from tiny_models import es_jax_port, torch_model
 
 from es_jax import decode_loop
 from es_jax.decode_loop import decode
-from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import generate, generate_members, pad_prompts
 
 
 @functools.cache
 def _tiny():
-  ref = torch_model("llama")
-  cfg = config_from_hf(ref.config.to_dict())
-  tensors = {k: v.float().numpy() for k, v in ref.state_dict().items()}
-  return params_from_hf_tensors(tensors, cfg), cfg
+  return es_jax_port(torch_model("llama"))
 
 
 @pytest.fixture(scope="module")

@@ -6,11 +6,10 @@ import functools
 import jax
 import numpy as np
 import pytest
-from tiny_models import torch_model
+from tiny_models import es_jax_port, torch_model
 
 from es_jax import decode_loop, sampling
 from es_jax.decode_queue import decode_queue, generate_queue
-from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import generate, pad_prompts
 
 PROMPTS = [[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7], [9, 9], [200, 3, 3], [64], [3, 1]]
@@ -21,10 +20,7 @@ T = 12
 
 @functools.cache
 def _tiny():
-  ref = torch_model("llama")
-  cfg = config_from_hf(ref.config.to_dict())
-  tensors = {k: v.float().numpy() for k, v in ref.state_dict().items()}
-  return params_from_hf_tensors(tensors, cfg), cfg
+  return es_jax_port(torch_model("llama"))
 
 
 @pytest.fixture(scope="module")

@@ -245,6 +245,34 @@ def test_bad_middle_line_and_changed_settings_are_refused(tiny, full_run, tmp_pa
     run_toy(model, tok, toy_examples(), num_samples=0)
 
 
+def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
+  tiny, full_run, tmp_path
+):
+  """`refill` (a block's samples as one queue) is a sampling setting: stored in the meta, a
+  resume must match it, and an interrupted refill evaluation resumes to the uninterrupted one."""
+  model, tok = tiny
+  whole = run_toy(model, tok, toy_examples(), str(tmp_path / "whole"), refill=True)
+  assert json.loads((tmp_path / "whole" / "toy.meta.json").read_text())["refill"] is True
+  assert len(whole["records"]) == 10 and whole["records"] != full_run[0]["records"]
+  correct = [c for r in whole["records"] for c in r["correct"]]
+  assert 0 < sum(correct) < len(correct)  # the toy verdicts vary
+  seen = []
+
+  def crash_after_four(record):
+    seen.append(record["index"])
+    if len(seen) == 4:
+      raise Stop
+
+  with pytest.raises(Stop):
+    run_toy(
+      model, tok, toy_examples(), str(tmp_path / "cut"), refill=True, on_problem=crash_after_four
+    )
+  resumed = run_toy(model, tok, toy_examples(), str(tmp_path / "cut"), refill=True)
+  assert resumed["records"] == whole["records"]
+  with pytest.raises(ValueError, match="refill"):
+    run_toy(model, tok, toy_examples(), full_run[1], refill=True)
+
+
 def test_lazy_loader_is_not_called_when_everything_is_done(full_run):
   def loader():
     raise AssertionError("the model should not be loaded")

@@ -5,12 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from tiny_models import torch_model
+from tiny_models import es_jax_port, torch_model
 
 from es_jax.decode_loop import decode
 from es_jax.decode_queue import generate_queue
 from es_jax.models import forward, load_default, positions_from_mask, unstack_layers
-from es_jax.models.hf import config_from_hf, params_from_hf_tensors
 from es_jax.sampling import Decoding, generate, generate_members, pad_prompts
 from es_jax.token_sampling import (
   _inverse_cdf,
@@ -27,9 +26,7 @@ EOS = 255
 def tiny():
   """A tiny random Llama as (torch reference, es_jax params, config)."""
   ref = torch_model("llama")
-  cfg = config_from_hf(ref.config.to_dict())
-  tensors = {k: v.float().numpy() for k, v in ref.state_dict().items()}
-  return ref, params_from_hf_tensors(tensors, cfg), cfg
+  return ref, *es_jax_port(ref)
 
 
 def _prompts():

@@ -92,6 +92,15 @@ def torch_model(arch: str, *, seed: int = 0, **overrides):
   return model
 
 
+def es_jax_port(model):
+  """(es_jax params, ModelConfig) of an HF PyTorch model such as `torch_model`'s, in float32."""
+  from es_jax.models.hf import config_from_hf, params_from_hf_tensors
+
+  cfg = config_from_hf(model.config.to_dict())
+  tensors = {k: v.float().numpy() for k, v in model.state_dict().items()}
+  return params_from_hf_tensors(tensors, cfg), cfg
+
+
 def torch_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
   """Logits from the HF model with explicit left-padding-aware position ids."""
   import torch

@@ -174,6 +174,10 @@ def _eval() -> dict:
     top_p=1.0,
     max_new_tokens=64,
     batch_size=64,
+    # Continuous batching (es_jax.decode_queue): a block's samples go through batch_size rows,
+    # a row refilled as its sample ends, so decode steps follow the tokens generated rather than
+    # each batch's longest completion. Draws per sample differ from refill=False's (own keys).
+    refill=False,
     ks=(1, 2, 4, 8),  # k of Pass@k and Maj@k, each <= num_samples (periodic: k <= its n only)
     every=0,  # periodic eval every this many steps (0 = only before and after training)
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
