@@ -90,6 +90,8 @@ def test_items_get_their_own_decode_whatever_the_rows(tiny, temperature):
     dict(rows=4, refill_rows=4, kv_chunk=8),
     dict(rows=8, refill_rows=3, kv_chunk=4, compactions=2),
   ]
+  if temperature == 0:  # greedy tokens use no draw: two layouts (one compacting) suffice
+    layouts = layouts[1::3]
   for layout in layouts:
     _assert_same(_queue(tiny, PROMPTS, keys, temperature, eos, **layout), alone)
 
