@@ -270,5 +270,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       names=[demo.LABELS[n] for n in ["base", *names]],
       title="Fair ES-vs-GRPO study",
       intro=intro,
+      # ES against each other run, on the same problems: the comparisons the study is for.
+      pairs=[(demo.LABELS["es"], demo.LABELS[n]) for n in names if n != "es"],
     )
     return {"stopped": False, "report": built["report"]}

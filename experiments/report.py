@@ -3,7 +3,7 @@
     python -m experiments.main --config experiments/configs/demo.py --workdir runs/cmp \
         --config.method=report --config.report.workdirs=runs/demo/base,runs/es,runs/grpo \
         [--config.report.names=base,ES,GRPO | --config.report.names=es=ES,grpo=GRPO] \
-        [--config.report.out=DIR]
+        [--config.report.out=DIR] [--config.report.pairs="ES:GRPO,ES:base"]
 
 Every number is read from the run directories' own files; nothing is re-run:
 
@@ -22,6 +22,9 @@ Every number is read from the run directories' own files; nothing is re-run:
 A `method=diversity` workdir among the workdirs is not a row: its diversity/table.json is the
 JS_succ of the run its `diversity.run` names (which must be among the runs), so a study need not
 be copied into the run it measured.
+
+`pairs` adds a table of paired differences between named runs ("ES:GRPO" is ES − GRPO on the
+same problems, with its paired standard error), besides each run's difference from the first.
 
 `names` is either one label per run, in the order the runs are found (printed in the report's
 settings), or `dir=label` pairs keyed by a run's directory name (or path); runs not named keep
@@ -67,19 +70,28 @@ from experiments.report_runs import (
 )
 
 
-def difference_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
-  """Each run minus the first (the reference, e.g. the base model) on the same problems:
-  mean difference ± its paired standard error over problems (markdown lines; [] if n/a)."""
-  ref = runs[0] if runs and label in runs[0].per_problem else None
-  others = [r for r in runs[1:] if label in r.per_problem]
-  if ref is None or not others:
+def difference_table(
+  runs: Sequence[Run], label: str, notes: list[str], pairs: Sequence[tuple[Run, Run]] = ()
+) -> list[str]:
+  """Mean difference ± its paired standard error over the same problems (markdown lines; [] if
+  n/a): each run minus the first (the reference, e.g. the base model), or with `pairs` each
+  (run, other) pair's run minus other (e.g. ES − GRPO)."""
+  if not pairs:
+    ref = runs[0] if runs else None
+    pairs = [(r, ref) for r in runs[1:]]
+    intro = f"Difference from {ref.name if ref else ''} on the same problems"
+  else:
+    intro = "Differences between runs on the same problems"
+  pairs = [(b, a) for b, a in pairs if label in a.per_problem and label in b.per_problem]
+  if not pairs:
     return []
   metrics = ["greedy", *[f"pass@{k}" for k in _ks(runs, label)]]
-  metrics = [m for m in metrics if all(m in r.per_problem[label] for r in (ref, *others))]
+  both = {r.name: r for pair in pairs for r in pair}.values()
+  metrics = [m for m in metrics if all(m in r.per_problem[label] for r in both)]
   head = ["difference", *[("Δ " + m).replace("pass", "Pass") for m in metrics]]
-  lines = [f"Difference from {ref.name} on the same problems (mean ± paired standard error):", ""]
+  lines = [f"{intro} (mean ± paired standard error):", ""]
   lines += eval_results.markdown_header(head)
-  for run in others:
+  for run, ref in pairs:
     a, b = ref.per_problem[label], run.per_problem[label]
     if not np.array_equal(a["index"], b["index"]):
       notes.append(f"{run.name}: {label} differences: other problems than {ref.name}'s.")
@@ -91,6 +103,18 @@ def difference_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[
       cells.append(f"{d.mean():+.3f}" + (f" ± {se:.3f}" if math.isfinite(se) else ""))
     lines.append(eval_results.markdown_row(cells))
   return lines + [""]
+
+
+def _pairs(runs: Sequence[Run], pairs: Sequence[tuple[str, str]]) -> list[tuple[Run, Run]]:
+  """The runs of each (name, other name) pair; an unknown name is a ValueError."""
+  by_name = {r.name: r for r in runs}
+  for pair in pairs:
+    for name in pair:
+      if name not in by_name:
+        raise ValueError(
+          f"config.report.pairs: {name!r} is not a run of the report ({sorted(by_name)})."
+        )
+  return [(by_name[b], by_name[a]) for b, a in pairs]
 
 
 def _fmt(value: float | None, se: float | None = None, digits: int = 3) -> str:
@@ -224,13 +248,21 @@ def _load_runs(workdirs: Sequence[str], names: Sequence[str]) -> list[Run]:
 
 
 def _task_section(
-  runs: Sequence[Run], label: str, suffix: str, out: str, figures: dict[str, str], notes: list[str]
+  runs: Sequence[Run],
+  label: str,
+  suffix: str,
+  out: str,
+  figures: dict[str, str],
+  notes: list[str],
+  pairs: Sequence[tuple[Run, Run]] = (),
 ) -> list[str]:
-  """One evaluation task's markdown: its table, the differences from the first run, and its
-  Pass@k and Pareto plots (written into `out`, added to `figures`)."""
+  """One evaluation task's markdown: its table, the differences from the first run (and those
+  of `pairs`), and its Pass@k and Pareto plots (written into `out`, added to `figures`)."""
   text = task_table(runs, label, notes)
   text.append("")
   text += difference_table(runs, label, notes)
+  if pairs:
+    text += difference_table(runs, label, notes, pairs)
   evaluated = [r for r in runs if label in r.tasks]
   curves = {
     r.name: (r.tasks[label]["pass_at_k_curve"]["k"], r.tasks[label]["pass_at_k_curve"]["value"])
@@ -289,6 +321,7 @@ def build(
   names: Sequence[str] = (),
   title: str = "Run comparison",
   intro: Sequence[str] = (),
+  pairs: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
   """Reads the runs, writes report.md and the PNGs into `out`.
 
@@ -298,6 +331,8 @@ def build(
     names: one label per run found (default: from each run's config).
     title: the report's heading.
     intro: markdown lines after the heading.
+    pairs: (name, other name) pairs of runs whose paired differences (name − other) are
+      tabulated besides the differences from the first run.
 
   Returns:
     {"report": report.md path, "figures": {name: png path}, "runs": {name: {task: metrics}},
@@ -307,6 +342,7 @@ def build(
     ValueError: naming the field or file: bad workdirs, names, or unreadable records.
   """
   runs = _load_runs(workdirs, names)
+  run_pairs = _pairs(runs, pairs)
   os.makedirs(out, exist_ok=True)
   figures: dict[str, str] = {}
   labels = _labels(runs)
@@ -318,7 +354,7 @@ def build(
   for label in labels:
     suffix = "" if len(labels) <= 1 else f"_{stem(label)}"
     text += [f"## {label}" if len(labels) > 1 else f"## Evaluation: {label}", ""]
-    text += _task_section(runs, label, suffix, out, figures, notes)
+    text += _task_section(runs, label, suffix, out, figures, notes, run_pairs)
   curves, missing = training_curves(runs, out)
   figures.update(curves)
   text += [line for name in curves for line in (f"![{name}]({name}.png)", "")]
@@ -344,4 +380,9 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   if not split_list(r.workdirs):
     raise ValueError("config.report.workdirs is empty: name the run directories, comma-separated.")
   out = r.out or os.path.join(workdir, "report")
-  return build(split_list(r.workdirs), out, names=split_list(r.names))
+  pairs = []
+  for item in split_list(r.pairs):
+    if item.count(":") != 1 or not all(part.strip() for part in item.split(":")):
+      raise ValueError(f"config.report.pairs: {item!r} is not 'name:other name'.")
+    pairs.append(tuple(part.strip() for part in item.split(":")))
+  return build(split_list(r.workdirs), out, names=split_list(r.names), pairs=pairs)

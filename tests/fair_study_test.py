@@ -98,6 +98,8 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   for heading in ("## σ calibration", "## Tuning: the pilots", "## Drift and update sparsity"):
     assert heading in report
   assert "ES null (shuffled fitness)" in report
+  part = report[report.index("Differences between runs on the same problems") :]
+  assert "| ES − ES null (shuffled fitness) |" in part and "| ES − GRPO |" in part
   js_row = next(ln for ln in report.splitlines() if ln.startswith("| ES | ") and "±" in ln)
   assert "[" in js_row  # the diversity study's JS_succ interval is attached to the ES row
   assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")

@@ -222,6 +222,28 @@ def test_differences_from_the_first_run_are_paired_over_problems(runs, tmp_path)
   assert "GRPO→ES: gsm8k differences: other problems than base's." in result["notes"]
 
 
+def test_pairs_tabulate_differences_between_named_runs(runs, tmp_path):
+  c = base_config()
+  c.method = "report"
+  c.report.workdirs = str(runs)
+  c.report.pairs = "base:ES, ES:GRPO→ES"
+  c.lock()
+  result = report.run(c, str(tmp_path / "w"))
+  text = open(result["report"]).read()
+  part = text[text.index("Differences between runs on the same problems") :]
+  # base minus ES per problem: Pass@1 (0.5, 0, 1) − (0.5, 1, 1) = (0, −1, 0).
+  d = np.array([0.0, -1.0, 0.0])
+  row = _row(part, "base − ES")
+  assert row[1] == row[2] == f"{d.mean():+.3f} ± {d.std(ddof=1) / math.sqrt(3):.3f}"
+  assert "| ES − GRPO→ES |" not in part  # two problems against three: a note, no row
+  assert "ES: gsm8k differences: other problems than GRPO→ES's." in result["notes"]
+  for pairs, match in (("ES", "is not 'name:other name'"), ("ES:nope", "'nope' is not a run")):
+    bad = ConfigDict(c.to_dict())
+    bad.report.pairs = pairs
+    with pytest.raises(ValueError, match=f"config.report.pairs: .*{match}"):
+      report.run(bad, str(tmp_path / "w2"))
+
+
 def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
   # A second task in the ES run only: one table per task, the others n/a with why.
   summaries = _write_eval(str(runs / "es" / "eval"), TASK, [PROBLEMS[0], PROBLEMS[2], PROBLEMS[2]])

@@ -121,8 +121,9 @@ def base_config() -> ml_collections.ConfigDict:
   # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
   # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
   # the order they are found, or dir=label pairs ("" = from each run's config); out: "" =
-  # WORKDIR/report.
-  c.report = dict(workdirs="", names="", out="")
+  # WORKDIR/report; pairs: "name:other" pairs, comma-separated, whose paired differences
+  # (name − other on the same problems) are tabulated, e.g. "ES:GRPO".
+  c.report = dict(workdirs="", names="", out="", pairs="")
   return c
 
 
