@@ -185,17 +185,22 @@ class Stop(Exception):
   pass
 
 
-def test_interrupted_run_resumes_to_identical_results(tiny, full_run, tmp_path):
-  model, tok = tiny
+def crash_after(n):
+  """An on_problem hook that raises Stop once n problems are done (a crash mid-evaluation)."""
   seen = []
 
-  def crash_after_three(record):
+  def hook(record):
     seen.append(record["index"])
-    if len(seen) == 3:
+    if len(seen) == n:
       raise Stop
 
+  return hook
+
+
+def test_interrupted_run_resumes_to_identical_results(tiny, full_run, tmp_path):
+  model, tok = tiny
   with pytest.raises(Stop):
-    run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=crash_after_three)
+    run_toy(model, tok, toy_examples(), str(tmp_path), on_problem=crash_after(3))
   assert len(eval_results.read_records(str(tmp_path / "toy.jsonl"))) == 3
   assert [r["index"] for r in eval_results.read_records(str(tmp_path / SAMPLES))] == [0, 1, 2]
   resumed = []
@@ -256,16 +261,9 @@ def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
   assert len(whole["records"]) == 10 and whole["records"] != full_run[0]["records"]
   correct = [c for r in whole["records"] for c in r["correct"]]
   assert 0 < sum(correct) < len(correct)  # the toy verdicts vary
-  seen = []
-
-  def crash_after_four(record):
-    seen.append(record["index"])
-    if len(seen) == 4:
-      raise Stop
-
   with pytest.raises(Stop):
     run_toy(
-      model, tok, toy_examples(), str(tmp_path / "cut"), refill=True, on_problem=crash_after_four
+      model, tok, toy_examples(), str(tmp_path / "cut"), refill=True, on_problem=crash_after(4)
     )
   resumed = run_toy(model, tok, toy_examples(), str(tmp_path / "cut"), refill=True)
   assert resumed["records"] == whole["records"]
