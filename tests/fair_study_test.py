@@ -55,6 +55,24 @@ def test_null_drift_predicts_a_z_scored_random_walk(key):
   assert metrics.null_drift(alpha, size, 0, n, norm) == 0.0  # constant fitness never moves
 
 
+def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
+  rewards = {"es": [0.25, 0.5, 0.75, 0.5], "es_null": [0.25, 0.25, 0.5, 0.5]}
+  for name, values in rewards.items():
+    rows = [{"step": 0}] + [{"step": i + 1, "train/reward": v} for i, v in enumerate(values)]
+    os.makedirs(tmp_path / name)
+    (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  lines = fair_study.signal_section(str(tmp_path), ["es", "es_null"])
+  (row,) = [ln for ln in lines if ln.startswith("| ES − ES null")]
+  cells = [c.strip() for c in row.strip("|").split("|")]
+  # Δ per step: 0, 0.25, 0.25, 0; last half (steps 3, 4): 0.25, 0.
+  d, late = np.array([0, 0.25, 0.25, 0]), np.array([0.25, 0.0])
+  assert cells[1:4] == ["1..4", "0.5000", "0.3750"]
+  assert cells[4] == f"+{d.mean():.4f} ± {d.std(ddof=1) / 2:.4f}"
+  assert cells[5] == f"+{late.mean():.4f} ± {late.std(ddof=1) / np.sqrt(2):.4f}"
+  assert cells[6] == "1/1/0"
+  assert fair_study.signal_section(str(tmp_path), ["es"]) == []
+
+
 def test_fair_study_smoke_end_to_end(tmp_path):
   config = smoke_config(
     fair_config,
@@ -100,6 +118,7 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   assert "ES null (shuffled fitness)" in report
   part = report[report.index("Differences between runs on the same problems") :]
   assert "| ES − ES null (shuffled fitness) |" in part and "| ES − GRPO |" in part
+  assert "## Training signal: ES against the null control" in report
   js_row = next(ln for ln in report.splitlines() if ln.startswith("| ES | ") and "±" in ln)
   assert "[" in js_row  # the diversity study's JS_succ interval is attached to the ES row
   assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")
