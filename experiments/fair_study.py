@@ -45,6 +45,7 @@ from experiments import (
   model_io,
   plots,
   report,
+  report_curves,
   report_runs,
   sparsity,
 )
@@ -204,11 +205,9 @@ def drift_section(config, workdir: str, runs_dir: str, names: list[str]) -> list
 
 
 def _step_rewards(run_dir: str) -> dict[int, float]:
-  return {
-    r["step"]: float(r["train/reward"])
-    for r in read_metrics(run_dir)
-    if r["step"] > 0 and "train/reward" in r
-  }
+  """{step: training reward} of a run, as the report's reward curves read it."""
+  steps, values = report_curves.reward_series(report_runs.load_run(run_dir)) or ([], [])
+  return dict(zip(steps, values, strict=True))
 
 
 def signal_section(runs_dir: str, names: list[str]) -> list[str]:

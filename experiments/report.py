@@ -382,7 +382,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   out = r.out or os.path.join(workdir, "report")
   pairs = []
   for item in split_list(r.pairs):
-    if item.count(":") != 1 or not all(part.strip() for part in item.split(":")):
+    pair = tuple(part.strip() for part in item.split(":"))
+    if len(pair) != 2 or not all(pair):
       raise ValueError(f"config.report.pairs: {item!r} is not 'name:other name'.")
-    pairs.append(tuple(part.strip() for part in item.split(":")))
+    pairs.append(pair)
   return build(split_list(r.workdirs), out, names=split_list(r.names), pairs=pairs)
