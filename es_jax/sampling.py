@@ -57,6 +57,9 @@ class Decoding:
     top_p: nucleus mass in (0, 1), or None.
     eos_ids: tokens that end a completion (the EOS token is kept and counted in the length).
     pad_id: filler after a completion ends.
+    kv_chunk: read the KV cache in chunks of this many slots up to the filled one (None: the
+      whole cache every step); static. See `generate`.
+    compactions: halvings of the batch as rows end (finished rows stop costing); static.
   """
 
   max_new_tokens: int
@@ -64,6 +67,8 @@ class Decoding:
   top_p: float | jax.Array | None = None
   eos_ids: tuple[int, ...] = ()
   pad_id: int = 0
+  kv_chunk: int | None = KV_CHUNK
+  compactions: int = COMPACTIONS
 
   def __post_init__(self):
     def put(name, value):
@@ -78,6 +83,9 @@ class Decoding:
     _checks.positive_int(self.max_new_tokens, "Decoding.max_new_tokens")
     put("eos_ids", tuple(int(e) for e in self.eos_ids))
     put("pad_id", int(self.pad_id))
+    layout = [int(x) if isinstance(x, np.integer) else x for x in (self.kv_chunk, self.compactions)]
+    for name, value in _loop_options(*layout, "Decoding.").items():
+      put(name, value)
     t = None if self.temperature is None else _checks.concrete_float(self.temperature)
     if t is not None:  # traced values are checked by whoever traced them
       if not (math.isfinite(t) and t >= 0):
@@ -105,6 +113,8 @@ class Decoding:
       top_p=self.top_p,
       eos_ids=self.eos_ids,
       pad_id=self.pad_id,
+      kv_chunk=self.kv_chunk,
+      compactions=self.compactions,
     )
 
   def as_float32(self) -> Decoding:
@@ -113,13 +123,15 @@ class Decoding:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self)
 
   def tree_flatten(self):
-    return (self.temperature, self.top_p), (self.max_new_tokens, self.eos_ids, self.pad_id)
+    static = (self.max_new_tokens, self.eos_ids, self.pad_id, self.kv_chunk, self.compactions)
+    return (self.temperature, self.top_p), static
 
   @classmethod
   def tree_unflatten(cls, static, leaves):
     # No validation: leaves may be tracers, shardings or in_axes markers here.
     out = object.__new__(cls)
-    names = ("max_new_tokens", "eos_ids", "pad_id", "temperature", "top_p")
+    names = ("max_new_tokens", "eos_ids", "pad_id", "kv_chunk", "compactions")
+    names += ("temperature", "top_p")
     for name, value in zip(names, (*static, *leaves), strict=True):
       object.__setattr__(out, name, value)
     return out
@@ -295,12 +307,14 @@ def _row_shards(prompt_ids) -> int:
   return max(prompt_ids.shape[0] // max(rows_per_shard, 1), 1)
 
 
-def _loop_options(kv_chunk, compactions) -> dict:
+def _loop_options(kv_chunk, compactions, prefix: str = "") -> dict:
   """The decode loop's layout settings, checked (ValueError naming the argument)."""
   if kv_chunk is not None:
-    _checks.positive_int(kv_chunk, "kv_chunk")
+    _checks.positive_int(kv_chunk, f"{prefix}kv_chunk")
   if isinstance(compactions, bool) or not isinstance(compactions, int) or compactions < 0:
-    raise ValueError(f"compactions={compactions!r} must be a Python int >= 0 (it is static).")
+    raise ValueError(
+      f"{prefix}compactions={compactions!r} must be a Python int >= 0 (it is static)."
+    )
   return dict(kv_chunk=None if kv_chunk is None else int(kv_chunk), compactions=int(compactions))
 
 

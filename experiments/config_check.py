@@ -76,6 +76,8 @@ def schema() -> dict[str, Rule]:
     "mesh.pop": integer(0),
     "mesh.model": integer(1),
     "mesh.check_memory": boolean,
+    "decode.kv_chunk": integer(0),
+    "decode.compactions": integer(0),
     "progress": boolean,
     "log_samples_every": integer(0),
     "log_samples": integer(0),

@@ -197,6 +197,7 @@ class Study:
       self.temperature,
       eos_ids=run_data.eos_ids(self.tokenizer),
       pad_id=sampling.pad_id(self.tokenizer),
+      **run_data.decode_layout(config),
     )
 
   def completions(self, kind: str, ids: np.ndarray, mask: np.ndarray, key: jax.Array):

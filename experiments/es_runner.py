@@ -63,14 +63,19 @@ def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
 
 
 def decoding(
-  cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int
+  cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int, layout=None
 ) -> sampling.Decoding:
   """The members' ``sampling.Decoding`` from ``config.es`` (max_new_tokens, temperature, top_p)
-  and the tokenizer's stop and pad tokens; a bad field raises ConfigError
-  prefixed ``config.es:``."""
+  and the tokenizer's stop and pad tokens, laid out by `layout` (`run_data.decode_layout`); a bad
+  field raises ConfigError prefixed ``config.es:``."""
   with config_check.user_errors("config.es"):
     return sampling.Decoding(
-      int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), eos_ids, pad_id
+      int(cfg.max_new_tokens),
+      float(cfg.temperature),
+      float(cfg.top_p),
+      eos_ids,
+      pad_id,
+      **(layout or {}),
     )
 
 
@@ -181,7 +186,8 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
   cfg = ctx.config.es  # validated by make_context (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
-  members_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id)
+  layout = run_data.decode_layout(ctx.config)
+  members_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id, layout)
   rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
   learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays

@@ -56,6 +56,8 @@ class EvalSettings:
     batch_size: rows per generate call (fixed; see the module docstring for the layout).
     refill: decode each block's samples as one queue through `batch_size` rows
       (`experiments.eval_sampler`); its samples draw with their own keys.
+    kv_chunk, compactions: the decode layout (`sampling.Decoding`; config.decode): speed only,
+      not stored in the meta.
     temperature: sampling temperature (paper: 0.6).
     top_p: nucleus mass (paper: 1.0, i.e. off).
     greedy: also decode one greedy sample per problem.
@@ -74,6 +76,8 @@ class EvalSettings:
   max_new_tokens: int
   batch_size: int
   refill: bool = False
+  kv_chunk: int | None = None
+  compactions: int = 0
   temperature: float = 0.6
   top_p: float = 1.0
   greedy: bool = True

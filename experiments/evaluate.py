@@ -211,6 +211,8 @@ def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, pr
       top_p=settings.top_p,
       eos_ids=eos_ids,
       pad_id=pad_id,
+      kv_chunk=settings.kv_chunk,
+      compactions=settings.compactions,
     ),
     prompt_fn=prompt_fn,
     correct_fn=task.correct_fn or functools.partial(rewards.is_correct, task=task.task),
@@ -340,6 +342,7 @@ class Evaluator:
       positive_int(ev[name], f"eval.{name}")
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
+    self.layout = run_data.decode_layout(config)
     section, self.task, self.label = eval_section(config)
     options = run_data.file_options(config.data)
     self.examples = run_data.load_examples(section, "eval", options=options)
@@ -354,6 +357,7 @@ class Evaluator:
       max_new_tokens=int(ev.max_new_tokens),
       batch_size=int(ev.batch_size),
       refill=bool(ev.refill),
+      **self.layout,
       temperature=float(ev.temperature),
       top_p=float(ev.top_p),
       ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),

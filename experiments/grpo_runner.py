@@ -61,13 +61,19 @@ def make_optimizer(cfg: ml_collections.ConfigDict):
 
 
 def decoding(
-  cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int
+  cfg: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int, layout=None
 ) -> sampling.Decoding:
   """The rollout's ``sampling.Decoding`` from ``config.grpo`` (max_new_tokens, temperature,
-  top_p) and the tokenizer's stop and pad tokens."""
+  top_p) and the tokenizer's stop and pad tokens, laid out by `layout`
+  (`run_data.decode_layout`)."""
   with _grpo_fields("Decoding"):
     return sampling.Decoding(
-      int(cfg.max_new_tokens), float(cfg.temperature), float(cfg.top_p), eos_ids, pad_id
+      int(cfg.max_new_tokens),
+      float(cfg.temperature),
+      float(cfg.top_p),
+      eos_ids,
+      pad_id,
+      **(layout or {}),
     )
 
 
@@ -110,7 +116,8 @@ def train(
   group, std = int(cfg.num_generations), GRPO_ADVANTAGE_STD[cfg.advantage_std]
   optimizer = make_optimizer(cfg)
   settings = update_settings(ctx.config, devices=int(ctx.mesh.shape["pop"]))
-  rollout_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id)
+  layout = run_data.decode_layout(ctx.config)
+  rollout_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id, layout)
   master = cfg.master_dtype
   state = grpo_update.init_state(params, optimizer, mesh=ctx.mesh, master_dtype=master or None)
   log.info(

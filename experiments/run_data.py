@@ -113,6 +113,13 @@ def encode_examples(tokenizer, examples: Sequence[dict]) -> tuple[np.ndarray, np
   return sampling.encode_prompts(tokenizer, texts)
 
 
+def decode_layout(config: ml_collections.ConfigDict) -> dict[str, Any]:
+  """`config.decode` as `sampling.Decoding`'s kv_chunk (None for 0: dense reads) and compactions."""
+  return dict(
+    kv_chunk=int(config.decode.kv_chunk) or None, compactions=int(config.decode.compactions)
+  )
+
+
 def eos_ids(tokenizer) -> tuple[int, ...]:
   ids = {tokenizer.eos_token_id}
   return tuple(sorted(i for i in ids if i is not None))

@@ -224,7 +224,9 @@ class Setup:
     spec = es_run.noise_spec(c)  # the spec the ES runner evaluates with
     P_ = int(self.config.data.prompts_per_step)
     scalar = _sds((), jnp.float32, mesh)
-    # The runner's decode settings, with abstract temperature and top-p (what it traces).
+    # The runner's decode settings, with abstract temperature and top-p (what it traces), in the
+    # dense layout: config.decode is not planned (every step of these programs reads the whole
+    # cache, an upper bound on the chunked reads).
     decoding = jax.tree.map(lambda _: scalar, es_run.decoding(c, (cfg.vocab_size - 1,), 0))
     kw = dict(config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, share_sample_key=False)
     args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))

@@ -119,7 +119,7 @@ def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
 
   config = demo_config.get_config()  # ks (1, 2, 4, 8), periodic n = 4
   evaluator = object.__new__(evaluate.Evaluator)
-  evaluator.config, evaluator.key = config.eval, None
+  evaluator.config, evaluator.key, evaluator.layout = config.eval, None, {}
   assert evaluator._settings(4).ks == (1, 2, 4)
   assert evaluator._settings(8).ks == (1, 2, 4, 8)
 
@@ -335,14 +335,16 @@ def test_printed_config_shows_only_the_groups_the_method_reads():
     assert lines[0].startswith("config: ") and " method=" in lines[0]  # top-level fields: always
     return {ln.split(":")[0].strip() for ln in lines[1:]}
 
-  assert shown(method="es") == {"model", "data", "eval", "checkpoint", "mesh", "es"}
-  assert shown(method="grpo") == {"model", "data", "eval", "checkpoint", "mesh", "grpo"}
-  assert shown(method="evaluate") == {"model", "eval"}
+  training = {"model", "data", "eval", "checkpoint", "mesh", "decode"}
+  assert shown(method="es") == {*training, "es"}
+  assert shown(method="grpo") == {*training, "grpo"}
+  assert shown(method="evaluate") == {"model", "eval", "decode"}
   file_eval = base.base_config()
   file_eval.method, file_eval.eval.task = "evaluate", "file"  # its fields and reward: data's
   assert {ln.split(":")[0].strip() for ln in config_check.compact(file_eval).splitlines()[1:]} == {
     "model",
     "eval",
+    "decode",
     "data",
   }
   assert shown(method="fair_study") >= {"es", "grpo", "fair", "diversity", "demo"}

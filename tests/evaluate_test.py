@@ -14,7 +14,7 @@ from tiny_models import tiny_tokenizer
 from es_jax import checkpoint, data, models
 from es_jax.metrics import maj_at_k, pass_at_k
 from es_jax.sampling import encode_prompts, generate
-from experiments import eval_results, evaluate, model_io, plots
+from experiments import eval_results, evaluate, model_io, plots, run_data
 from experiments.configs import demo as demo_config
 from experiments.eval_tasks import TaskSpec
 
@@ -269,6 +269,26 @@ def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
   assert resumed["records"] == whole["records"]
   with pytest.raises(ValueError, match="refill"):
     run_toy(model, tok, toy_examples(), full_run[1], refill=True)
+
+
+def test_decode_layout_changes_no_record_and_resumes_across_layouts(tiny, full_run, tmp_path):
+  """config.decode (chunked cache reads, batch compaction) is speed only: the same records as
+  the dense layout, nothing of it in the meta, and the Evaluator passes it to every decode."""
+  model, tok = tiny
+  layout = dict(kv_chunk=4, compactions=2)
+  laid_out = run_toy(model, tok, toy_examples(), str(tmp_path / "laid_out"), **layout)
+  entropy = lambda records: [r.pop("mean_entropy") for r in records]  # noqa: E731
+  dense = [dict(r) for r in full_run[0]["records"]]
+  np.testing.assert_allclose(entropy(laid_out["records"]), entropy(dense), rtol=1e-6)
+  assert laid_out["records"] == dense  # the same tokens, answers and verdicts
+  meta = json.loads((tmp_path / "laid_out" / "toy.meta.json").read_text())
+  assert not set(layout) & set(meta)
+  resumed = run_toy(model, tok, toy_examples(), full_run[1], report=False, **layout)
+  assert resumed["records"] == full_run[0]["records"]  # not refused, nothing redone
+  fields = {f"decode__{k}": v for k, v in layout.items()}
+  evaluator = evaluate.Evaluator(smoke_config(demo_config, **fields), tok, run_data.run_keys(0))
+  settings = evaluator._settings(2)
+  assert (settings.kv_chunk, settings.compactions) == (4, 2)
 
 
 def test_lazy_loader_is_not_called_when_everything_is_done(full_run):

@@ -15,9 +15,10 @@ from run_configs import (
   assert_trained,
   checkpoint_params,
   smoke_config,
+  with_fields,
 )
 
-from es_jax import integrity, preemption, rewards
+from es_jax import integrity, preemption, rewards, sampling
 from es_jax.checkpoint import Checkpointer
 from experiments import (
   demo,
@@ -221,6 +222,29 @@ def sequential_reference(tmp_path_factory):
   _, final = checkpoint_params(str(workdir / "stage2_es" / "checkpoints"))
   assert_trained(str(workdir), final)  # so comparing weights shows something
   return workdir, final
+
+
+def test_decode_layout_reaches_every_training_decode_and_moves_no_weight(
+  tmp_path, monkeypatch, sequential_reference
+):
+  """config.decode (chunked cache reads, batch compaction) is what the GRPO rollout and the ES
+  population decode with, and it changes no token: the run ends on the dense run's weights."""
+  layouts = []
+  decode = sampling.decode
+
+  def spy(*args, kv_chunk=None, compactions=0, **kwargs):
+    layouts.append((kv_chunk, compactions, args[3].shape))  # prompt ids: [P·G, S] or [M, P, S]
+    return decode(*args, kv_chunk=kv_chunk, compactions=compactions, **kwargs)
+
+  monkeypatch.setattr(sampling, "decode", spy)
+  config = with_fields(_sequential_config(), decode__kv_chunk=4, decode__compactions=2)
+  sequential.run(config, str(tmp_path))
+  assert {(k, c) for k, c, _ in layouts} == {(4, 2)}
+  assert {len(shape) for *_, shape in layouts} == {2, 3}  # the rollout's rows and the members'
+  _, final = sequential_reference  # trained: rewards varied, weights moved (the fixture checks)
+  _, laid_out = checkpoint_params(str(tmp_path / "stage2_es" / "checkpoints"))
+  for k in final:
+    np.testing.assert_array_equal(laid_out[k], final[k], err_msg=k)
 
 
 def _sigterm_at_step(monkeypatch, stage: str, step: int) -> None:

@@ -189,8 +189,18 @@ def test_decoding_validates_once_and_keeps_its_static_structure():
   assert len(same) == 1 and jax.tree.structure(d) not in same
   assert jax.tree.structure(Decoding(8, 0.5)) not in same  # top-p on/off: a static switch
   assert Decoding(8, 0.5, 0.9).generate_kwargs() == dict(
-    max_new_tokens=8, temperature=0.5, top_p=0.9, eos_ids=(), pad_id=0
+    max_new_tokens=8,
+    temperature=0.5,
+    top_p=0.9,
+    eos_ids=(),
+    pad_id=0,
+    kv_chunk=None,
+    compactions=0,
   )
+  laid_out = Decoding(8, 0.5, 0.9, kv_chunk=np.int64(4), compactions=2)  # static: structure
+  assert (laid_out.kv_chunk, laid_out.compactions) == (4, 2) and type(laid_out.kv_chunk) is int
+  assert jax.tree.structure(laid_out) not in same and jax.tree.leaves(laid_out) == [0.5, 0.9]
+  assert jax.tree.unflatten(jax.tree.structure(laid_out), [0.5, 0.9]) == laid_out
   assert d.generate_kwargs()["temperature"] == 0.0
   # Under jit the leaves are tracers; the static part rides along unchanged.
   out = jax.jit(lambda x: x.temperature * 2)(sampled[0])
@@ -202,6 +212,8 @@ def test_decoding_validates_once_and_keeps_its_static_structure():
     (dict(max_new_tokens=4, temperature=float("nan")), "Decoding.temperature=nan"),
     (dict(max_new_tokens=4, temperature=1.0, top_p=0.0), r"Decoding.top_p=0.0 must be in \(0, 1\]"),
     (dict(max_new_tokens=4, temperature=1.0, top_p=1.5), "Decoding.top_p=1.5"),
+    (dict(max_new_tokens=4, kv_chunk=0), "Decoding.kv_chunk=0 must be a positive"),
+    (dict(max_new_tokens=4, compactions=-1), "Decoding.compactions=-1 must be"),
   ]
   for kw, match in bad:
     with pytest.raises(ValueError, match=match):

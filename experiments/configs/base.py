@@ -14,6 +14,7 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`;
                `check_memory`: refuse on TPU a config predicted not to fit HBM.
+  decode       decode layout (chunked KV reads, batch compaction): speed, not results.
   diversity    the population diversity study (experiments/diversity.py, docs/method.md §6).
   report       a report across finished runs (experiments/report.py).
 
@@ -43,20 +44,20 @@ METHODS = {
   "fair_study": "experiments.fair_study:run",
 }
 
-_TRAINING_GROUPS = ("model", "data", "eval", "checkpoint", "mesh")
+_TRAINING_GROUPS = ("model", "data", "eval", "checkpoint", "mesh", "decode")
 # The config groups each method reads (the printed config shows these, plus the top-level
 # fields); method="evaluate" reads `data` too when eval.task is "file" (its fields and reward).
 METHOD_GROUPS = {
   "es": (*_TRAINING_GROUPS, "es"),
   "grpo": (*_TRAINING_GROUPS, "grpo"),
   "sequential": (*_TRAINING_GROUPS, "es", "grpo", "sequential"),
-  "evaluate": ("model", "eval"),
+  "evaluate": ("model", "eval", "decode"),
   "demo": (*_TRAINING_GROUPS, "es", "grpo", "sequential", "demo"),
-  "sparsity": ("model", "eval", "sparsity"),
+  "sparsity": ("model", "eval", "decode", "sparsity"),
   "population_sweep": (*_TRAINING_GROUPS, "es", "population_sweep"),
-  "diversity": ("model", "eval", "es", "mesh", "diversity"),
+  "diversity": ("model", "eval", "es", "mesh", "decode", "diversity"),
   "report": ("report",),
-  "calibrate": ("model", "data", "es", "mesh", "diversity"),
+  "calibrate": ("model", "data", "es", "mesh", "decode", "diversity"),
   "fair_study": (
     *_TRAINING_GROUPS,
     *("es", "grpo", "sequential", "demo", "diversity", "sparsity", "fair"),
@@ -86,6 +87,13 @@ def base_config() -> ml_collections.ConfigDict:
   # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
+  # How every decode is laid out (ES members, GRPO rollouts, evaluations, diversity): kv_chunk:
+  # read the KV cache in chunks of this many slots up to the filled one (0 = the whole cache
+  # each step); compactions: halvings of the batch as rows end, so finished rows stop costing.
+  # Speed only, like the mesh (a resume may change them): tokens are key-determined whatever the
+  # layout, but a sample within float rounding of a token boundary can differ (docs/benchmarks.md:
+  # kv_chunk=128, compactions=2 measured there).
+  c.decode = dict(kv_chunk=0, compactions=0)
   c.progress = True
   # Training completions for reading what the model wrote (experiments/samples_log.py): every
   # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
