@@ -31,7 +31,9 @@ cache reads: milliseconds per step (median of `repeats` + 2 steps after a compil
 the 5% / 100% ratio.
 
 (c) Compiled bytes accessed per step needs a TPU compiler (libtpu, the `tpu` extra): skipped with
-a note when it is not installed.
+a note when it is not installed. Beside it, the same compiler's count for two lone operations at
+the step's row count and at one row, the instrument's own floor: one [rows, D] x [D, F] matmul
+against its weight's bytes, and the embedding lookup of `step_rows` tokens against the table.
 
 `--model smollm2` is the bundled SmolLM2-135M-Instruct (fp32); `smollm2-random` has its shapes
 and random weights (the same work). Each line ends with the 1-minute load average.
@@ -302,6 +304,24 @@ def tpu_bytes(cfg, args) -> None:
       f"{name}: "
       f"bytes accessed vs weights {weight_bytes / 2**20:.0f} MiB + filled KV: {'; '.join(ratios)}"
     )
+  _instrument_floor(cfg, mesh, B)
+
+
+def _instrument_floor(cfg, mesh, rows: int) -> None:
+  """(c)'s compiler counting lone operations: a matmul at `rows` and 1 row against its weight's
+  bytes, and a lookup of `rows` tokens against the embedding table's."""
+  from experiments import tpu_programs
+
+  sds = lambda s, dtype=cfg.jnp_dtype: tpu_programs._sds(s, dtype, mesh)  # noqa: E731
+  counted = lambda fn, *a: tpu_programs.figures(jax.jit(fn).lower(*a).compile())["bytes_accessed"]  # noqa: E731
+  D, F, V, size = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.jnp_dtype.itemsize
+  ratios = [counted(jnp.matmul, sds((b, D)), sds((D, F))) / (D * F * size) for b in (rows, 1)]
+  lookup = counted(lambda e, t: e[t], sds((V, D)), sds((rows,), jnp.int32)) / (V * D * size)
+  print(
+    f"(c) the compiler's count for lone operations: one [{rows}, {D}] x [{D}, {F}] matmul "
+    f"{ratios[0]:.2f}x its weight's bytes ({ratios[1]:.2f}x at 1 row); a lookup of {rows} "
+    f"tokens {lookup:.2f}x the whole [{V}, {D}] table"
+  )
 
 
 if __name__ == "__main__":
