@@ -1,6 +1,7 @@
 """experiments.tpu_plan: tiny models compile for TPU topologies on this CPU host (needs libtpu)."""
 
 import os
+import re
 
 import pytest
 
@@ -82,3 +83,15 @@ def test_verdict_fits_tight_when_over_nominal_hbm_but_compiled():
   assert not no["fits"] and "es.members_per_chunk" in no["verdict"]
   assert tpu_plan.exit_code([tight]) == tpu_plan.EXIT_FITS
   assert tpu_plan.exit_code([tight, no]) == tpu_plan.EXIT_TOO_BIG
+
+
+def test_decode_cost_c_prints_the_step_and_the_instruments_floor(capsys):
+  from experiments.benchmarks import decode_cost
+
+  decode_cost.main(["--model", "tiny", "--step_rows", "4", "--budget", "256", "--skip", "a,b"])
+  out = capsys.readouterr().out
+  steps = re.findall(r"\(c\) one step.*?(chunked|dense): bytes accessed .*?5% (\d+) MiB", out)
+  assert [kind for kind, _ in steps] == ["chunked", "dense"], out
+  floor = re.search(r"matmul (\d+\.\d+)x its weight's bytes \((\d+\.\d+)x at 1 row\)", out)
+  assert floor and float(floor.group(1)) > 0 and float(floor.group(2)) > 0, out
+  assert re.search(r"a lookup of 4 tokens \d+\.\d+x the whole", out), out
