@@ -239,17 +239,9 @@ def test_vmap_over_params_equals_individual_calls(tiny):
     )
 
 
-@pytest.mark.parametrize("unroll_layers", [True, False])
-def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
-  """M models decoded as one batch (shared and per-member leaves, per-member low-rank deltas,
-  per-member keys, sampled with top-p and an EOS some rows hit early) equal one `generate` call
-  per member."""
-  _, p, cfg = tiny
-  ids, mask = _prompts()
-  M = 3
-  keys = iter(jax.random.split(jax.random.key(11), 16))
-  scales = jnp.array([1.0, 1.1, 0.9])
-  # Per member: wq, final_norm and the layer norms; the rest is shared.
+def _partly_per_member(p, scales):
+  """Params with wq, attn_norm and final_norm per member (scaled copies), the rest shared."""
+  M = scales.shape[0]
   own = {"wq", "attn_norm"}
   params = {
     **p,
@@ -262,6 +254,18 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
   params_axes = jax.tree.map(lambda _: None, p)
   params_axes["final_norm"] = 0
   params_axes["layers"] = {k: (0 if k in own else None) for k in p["layers"]}
+  return params, params_axes
+
+
+@pytest.mark.parametrize("unroll_layers", [True, False])
+def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
+  """M models as one batch (shared/per-member leaves, low-rank deltas and keys, top-p, an early
+  EOS) equal one `generate` call per member."""
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  M = 3
+  keys = iter(jax.random.split(jax.random.key(11), 16))
+  params, params_axes = _partly_per_member(p, jnp.array([1.0, 1.1, 0.9]))
 
   def factors(w):
     return (
@@ -309,10 +313,9 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
     np.testing.assert_array_equal(np.asarray(together.tokens[i]), np.asarray(ref.tokens))
     np.testing.assert_array_equal(np.asarray(together.mask[i]), np.asarray(ref.mask))
     np.testing.assert_array_equal(np.asarray(together.lengths[i]), np.asarray(ref.lengths))
-    np.testing.assert_allclose(
-      np.asarray(together.logprobs[i]), np.asarray(ref.logprobs), atol=1e-5
-    )
-    np.testing.assert_allclose(np.asarray(together.entropy[i]), np.asarray(ref.entropy), atol=1e-5)
+    for field in ("logprobs", "entropy"):
+      got_i, want = getattr(together, field)[i], getattr(ref, field)
+      np.testing.assert_allclose(np.asarray(got_i), np.asarray(want), atol=1e-5)
   assert not np.array_equal(np.asarray(together.tokens[0]), np.asarray(together.tokens[2]))
 
   # Every leaf per member, layers handed over unstacked (the full-rank population's form).
@@ -336,8 +339,11 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
   for i in range(M):
     np.testing.assert_array_equal(np.asarray(got.tokens[i]), np.asarray(single(i).tokens))
 
-  # Bad member axes are named.
-  call = dict(keys=member_keys, config=cfg, max_new_tokens=2)
+
+def test_generate_members_names_bad_member_axes(tiny):
+  _, p, cfg = tiny
+  ids, mask = _prompts()
+  call = dict(keys=jax.random.split(jax.random.key(3), 3), config=cfg, max_new_tokens=2)
   with pytest.raises(ValueError, match=r"params\['embed'\] has shape .* per member"):
     generate_members(p, ids, mask, params_axes=jax.tree.map(lambda _: 0, p), **call)
   with pytest.raises(ValueError, match="params_axes must mirror params"):
