@@ -120,6 +120,7 @@ def _eval_rules() -> dict[str, Rule]:
     "eval.task_config": mapping,
     "eval.data_dir": text(),
     "eval.source_dir": text(),
+    "eval.drop_seen": boolean,
     "eval.num_samples": integer(1),
     "eval.temperature": NON_NEGATIVE,
     "eval.top_p": PROBABILITY,

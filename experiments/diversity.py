@@ -51,6 +51,7 @@ from es_jax.models.transformer import forward, positions_from_mask
 from experiments import (
   config_check,
   diversity_tables,
+  eval_data,
   eval_results,
   model_io,
   run_context,
@@ -355,8 +356,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.validate(config)  # kinds, correction and limit among them
   d = config.diversity
   kinds = [k.strip() for k in str(d.kinds).split(",") if k.strip()]
+  # The first diversity.limit evaluation problems, disjoint from the training pool as every
+  # evaluation's are (experiments.eval_data), checked before the population loads.
+  heldout = eval_data.training_set(config)
+  examples, _ = heldout.load(config.eval.to_dict(), "eval", limit=int(d.limit))
+  examples = list(examples)
   source = load_population_source(config)
-  examples = list(run_data.load_examples(config.eval, "eval", limit=int(d.limit)))
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0x5D1)
   out = os.path.join(workdir, "diversity")  # several hosts: each measures, process 0 writes
   os.makedirs(out, exist_ok=True)

@@ -233,7 +233,9 @@ def macro(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
   tasks = list(summaries.values())
   keys = [k for k, v in tasks[0].items() if isinstance(v, float) and all(k in t for t in tasks)]
   out: dict[str, Any] = {k: float(np.mean([t[k] for t in tasks])) for k in keys}
-  out["num_problems"] = int(sum(t["num_problems"] for t in tasks))
+  for count in ("num_problems", "num_distinct", "num_seen_in_training"):
+    if all(t.get(count) is not None for t in tasks):
+      out[count] = int(sum(t[count] for t in tasks))
   curves = [t["pass_at_k_curve"] for t in tasks if "pass_at_k_curve" in t]
   if len(curves) == len(tasks):
     length = min(len(cv["k"]) for cv in curves)
@@ -282,6 +284,18 @@ def markdown_header(head: Sequence[Any]) -> list[str]:
   return [markdown_row(head), "|" + "---|" * len(head)]
 
 
+def problems_line(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+  """'label: N problems, N distinct, 0 seen in training; ...' for the summaries that record
+  their problem counts (experiments.eval_data); "" when none does."""
+  parts = [
+    f"{name}: {s['num_problems']} problems, {s['num_distinct']} distinct, "
+    f"{s['num_seen_in_training']} seen in training"
+    for name, s in summaries.items()
+    if s.get("num_seen_in_training") is not None and "num_distinct" in s
+  ]
+  return "; ".join(parts)
+
+
 def markdown_table(
   summaries: Mapping[str, Mapping[str, Any]],
   macro_row: Mapping[str, Any],
@@ -301,6 +315,7 @@ def markdown_table(
     lines.append(markdown_row([name, *(_cell(c, s.get(c)) for c in columns)]))
   n = next(iter(summaries.values()))["num_samples"]
   lines.append("")
+  lines += [f"Problems: {problems_line(summaries)}.", ""] if problems_line(summaries) else []
   lines.append(
     f"Pass@k: unbiased estimator over n = {n} samples per problem; Maj@k: plurality vote of the "
     "first k normalised answers; greedy: one temperature-0 sample. Length: generated tokens per "

@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from es_jax import data
-from experiments import run_data
 from experiments.config_check import check
 
 log = logging.getLogger(__name__)
@@ -40,6 +39,8 @@ class TaskSpec(NamedTuple):
   correct_fn: Callable[[str, dict], bool] | None = None
   # completion -> normalised answer or None, for Maj@k (default: `es_jax.rewards.answer_key`).
   answer_fn: Callable[[str], Any] | None = None
+  # How many examples are training prompts (experiments.eval_data); None: not measured.
+  num_seen_in_training: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,11 +122,13 @@ EXTRA_TASK_FIELDS = (
 )
 
 
-def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec]:
-  """The TaskSpecs of `eval.extra_tasks`: each entry a task name, or a dict with "task" and any
-  of split, limit, data_dir, on_bad_row (default: eval's), task_config, source_dir, label
-  (default: none / the task name), average (default True). Errors name the entry, e.g.
-  `eval.extra_tasks[1].task`."""
+def extra_task_sections(
+  ev: Mapping[str, Any], *, taken: set[str]
+) -> list[tuple[str, str, dict[str, Any]]]:
+  """(field, label, section) of each entry of `eval.extra_tasks`: a task name, or a dict with
+  "task" and any of split, limit, data_dir, on_bad_row (default: eval's), task_config,
+  source_dir, label (default: none / the task name), average (default True; in the section).
+  Errors name the entry, e.g. `eval.extra_tasks[1].task`; `experiments.eval_data` loads them."""
   entries = ev.get("extra_tasks") or ()
   check(
     isinstance(entries, (list, tuple)),
@@ -133,7 +136,7 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec
     entries,
     "give a list of task names or {task, split, limit, ...} dicts",
   )
-  specs = []
+  out = []
   for i, entry in enumerate(entries):
     field = f"eval.extra_tasks[{i}]"
     entry = {"task": entry} if isinstance(entry, str) else entry
@@ -141,7 +144,7 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec
     entry = dict(entry)
     unknown = sorted(set(entry) - set(EXTRA_TASK_FIELDS))
     check(not unknown, field, entry, f"unknown keys {unknown}; use {list(EXTRA_TASK_FIELDS)}")
-    average = entry.pop("average", True)
+    average = entry.setdefault("average", True)
     check(isinstance(average, bool), f"{field}.average", average, "need True or False")
     section = {
       "split": ev.get("split"),
@@ -161,8 +164,8 @@ def extra_eval_tasks(ev: Mapping[str, Any], *, taken: set[str]) -> list[TaskSpec
       "labels must be unique (the main eval task's included): set 'label'",
     )
     taken.add(label)
-    specs.append(TaskSpec(label, task, run_data.load_examples(section, field), average))
-  return specs
+    out.append((field, label, section))
+  return out
 
 
 def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str, str]:

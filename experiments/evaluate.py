@@ -11,7 +11,8 @@ and `run(config, workdir)` is `method="evaluate"`: the final evaluation of confi
 
   <label>.jsonl        one line per problem: index, id, n, c, per-sample correctness and
                        normalised answers (Maj@k), greedy_correct, mean length and token entropy
-  <label>.meta.json    the sampling settings; resuming with different settings is refused
+  <label>.meta.json    the sampling settings and the problems (num_problems, num_distinct,
+                       num_seen_in_training, a digest); resuming with other ones is refused
   <label>.samples.jsonl  prompt, completions, extracted answers and verdicts of the first
                        `keep_samples` problems (`experiments.samples_log.EvalSamples`)
   table.md, table.json greedy / Pass@1 / Pass@k / Maj@k / length / entropy per task + macro average
@@ -38,8 +39,6 @@ import json
 import logging
 import os
 import re
-import sys
-import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,13 +46,22 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
-import tqdm
 
 from es_jax import data, models, preemption, rewards, sampling, sharding
-from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
+from experiments import (
+  config_check,
+  eval_data,
+  eval_results,
+  eval_sampler,
+  model_io,
+  run_data,
+  samples_log,
+)
 from experiments.config_check import check, positive_int
-from experiments.eval_tasks import EvalSettings, TaskSpec, eval_section, extra_eval_tasks
-from experiments.logger import format_seconds, progress_marks, write_run_files
+from experiments.eval_tasks import EvalSettings, TaskSpec
+from experiments.eval_tasks import eval_section as eval_section  # re-exported (tests)
+from experiments.logger import write_run_files
+from experiments.progress import EvalProgress
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +129,7 @@ def evaluate_model(
     save_text=settings.save_text,
   )
   scorer = _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, prompt_fn)
-  progress = _Progress(label, len(examples), len(records), settings)
+  progress = EvalProgress(label, len(examples), len(records), settings)
   task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
   for start in range(0, len(examples), batch_size):
     block = range(start, min(start + batch_size, len(examples)))
@@ -146,10 +154,12 @@ def evaluate_model(
 
 
 def _meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
-  """The sampling settings of `<label>.meta.json`; a resume with other values is refused."""
+  """The sampling settings and problems (`eval_data.problem_counts`) of `<label>.meta.json`; a
+  resume with other values is refused (other problems included)."""
   return {
     "label": task.label,
     "task": task.task,
+    **eval_data.problem_counts(task),
     "num_samples": settings.num_samples,
     "temperature": float(settings.temperature),
     "top_p": float(settings.top_p),
@@ -220,47 +230,13 @@ def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, pr
   )
 
 
-class _Progress:
-  """An evaluation's tqdm bar, its log lines (with `log_progress`) and its time."""
-
-  def __init__(self, label: str, total: int, done: int, settings: EvalSettings):
-    self.label, self.total, self.done = label, total, done
-    self.t0 = time.perf_counter()
-    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
-    self.bar = tqdm.tqdm(
-      total=total, initial=done, desc=label, unit="problem", disable=not (settings.progress and tty)
-    )
-    self.marks = progress_marks(total, done) if settings.log_progress else set()
-    if settings.log_progress and done < total:
-      n = settings.num_samples
-      log.info("eval %s: %d problems (%d done before), n = %d", label, total, done, n)
-
-  def new(self, records: Mapping[int, dict]) -> int:
-    """Problems evaluated by this call (not read back from the jsonl)."""
-    return len(records) - self.done
-
-  def update(self, records: Mapping[int, dict]) -> None:
-    """One more problem done: Pass@1 so far on the bar, a log line at about every 10%."""
-    pass_at_1 = np.mean([r["c"] / r["n"] for r in records.values()])
-    self.bar.set_postfix_str(f"pass@1 {pass_at_1:.3f}", refresh=False)
-    self.bar.update(1)
-    if len(records) in self.marks:
-      elapsed = time.perf_counter() - self.t0
-      eta = elapsed / self.new(records) * (self.total - len(records))
-      times = format_seconds(elapsed), format_seconds(eta)
-      line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
-      log.info(line, self.label, len(records), self.total, pass_at_1, *times)
-
-  def close(self) -> float:
-    """Closes the bar; returns the seconds since the start."""
-    self.bar.close()
-    return time.perf_counter() - self.t0
-
-
 def _summary(task, settings, records, scorer, seconds, out_dir) -> dict[str, Any]:
   """`evaluate_model`'s result; with out_dir and `settings.report`, the task's report too."""
   ordered = [records[i] for i in sorted(records)]
   summary = eval_results.summarize(ordered, ks=settings.ks)
+  if task.num_seen_in_training is not None:  # a run's evaluation: its problems' counts
+    counts = eval_data.problem_counts(task)
+    summary.update({k: counts[k] for k in ("num_distinct", "num_seen_in_training")})
   if out_dir is not None and settings.report:
     eval_results.write_report({task.label: summary}, out_dir)
   timing = {
@@ -335,7 +311,15 @@ def evaluate_tasks(
 class Evaluator:
   """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
 
-  def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
+  def __init__(
+    self,
+    config: ml_collections.ConfigDict,
+    tokenizer,
+    keys: Mapping[str, jax.Array],
+    tasks: eval_data.EvalTasks | None = None,
+  ):
+    """`tasks`: the config's evaluation tasks (`eval_data.load_eval_tasks`, loaded before the
+    model by the runners); None loads them now."""
     ev = config.eval
     names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
     for name in names.split():
@@ -343,12 +327,12 @@ class Evaluator:
     check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
     self.layout = run_data.decode_layout(config)
-    section, self.task, self.label = eval_section(config)
-    options = run_data.file_options(config.data)
-    self.examples = run_data.load_examples(section, "eval", options=options)
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
-    # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
-    self.extra = extra_eval_tasks(section, taken={self.label})
+    # training): held-out tasks for forgetting, or several benchmarks averaged (macro). Every
+    # task's problems are disjoint from the training pool (experiments.eval_data).
+    tasks = eval_data.load_eval_tasks(config) if tasks is None else tasks
+    self.main, self.extra = tasks.main, tasks.extra
+    self.task, self.label, self.examples = self.main.task, self.main.label, self.main.examples
 
   def _settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
@@ -403,7 +387,7 @@ class Evaluator:
       models.cast_params(params, model_config.jnp_dtype),
       model_config,
       self.tokenizer,
-      [TaskSpec(self.label, self.task, self.examples), *self.extra],
+      [self.main, *self.extra],
       settings,
       key=self.key,
       out_dir=out_dir,
@@ -430,10 +414,11 @@ def stopped_result(what: str) -> dict[str, Any]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   config_check.validate(config)
+  tasks = eval_data.load_eval_tasks(config)  # before the model: a refusal comes first
   with preemption.sigterm_scope():
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
-    evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+    evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed), tasks)
     write_run_files(workdir, config)  # config.json and versions.json, as training runs have
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
     if preemption.preempted():

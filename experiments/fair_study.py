@@ -41,6 +41,7 @@ from experiments import (
   config_check,
   demo,
   diversity,
+  eval_data,
   eval_results,
   model_io,
   plots,
@@ -284,6 +285,7 @@ def intro_lines(workdir: str, choice: dict[str, Any]) -> list[str]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="fair_study"`: the stages of the module docstring; returns {"report": path}."""
   config_check.validate(config)
+  eval_data.load_eval_tasks(config)  # disjoint evaluation problems, refused before any stage
   with preemption.sigterm_scope():
     sigma = calibrated_sigma(config, workdir)
     if sigma is None:

@@ -198,20 +198,22 @@ def setup_logging(verbosity: int) -> None:
 
 def dry_run(config, workdir: str) -> dict:
   """Loads what the config's method reads (model, training pool, evaluation sets, reward; for
-  method=evaluate the model and evaluation sets only, as evaluate.run); trains nothing."""
+  method=evaluate the model and evaluation sets, disjoint from the training pool when it loads, as
+  evaluate.run); trains nothing."""
   import jax
 
   from es_jax import models
-  from experiments import config_check, evaluate, model_io, run_context, run_data
+  from experiments import config_check, eval_data, evaluate, model_io, run_context, run_data
 
   t0 = time.perf_counter()
-  if config.method == "evaluate":  # no training pool: a checkpoint's evaluation needs none
+  if config.method == "evaluate":  # the training pool only to exclude its prompts
     config_check.validate(config)
     config_check.check_workdir(config, workdir)
+    tasks = eval_data.load_eval_tasks(config)  # before the model, as evaluate.run
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
     params, dtype = models.params(model), model.config.dtype
-    evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+    evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed), tasks)
     train_examples, mesh = 0, {}
   else:
     ctx = run_context.make_context(config, workdir)

@@ -1,17 +1,22 @@
 """Progress for the terminal and the log: durations, one log line per training step with its
-ETA, the counts at which a long loop logs its progress, and a tqdm bar.
+ETA, the counts at which a long loop logs its progress, a tqdm bar, and an evaluation's bar and
+log lines (`EvalProgress`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import tqdm
+
+log = logging.getLogger(__name__)
 
 
 def format_seconds(seconds: float) -> str:
@@ -107,3 +112,41 @@ class ProgressBar:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+class EvalProgress:
+  """An evaluation's tqdm bar, its log lines (with `log_progress`) and its time (`settings`: an
+  `experiments.eval_tasks.EvalSettings`: progress, log_progress, num_samples)."""
+
+  def __init__(self, label: str, total: int, done: int, settings: Any):
+    self.label, self.total, self.done = label, total, done
+    self.t0 = time.perf_counter()
+    tty = bool(getattr(sys.stderr, "isatty", lambda: False)())
+    self.bar = tqdm.tqdm(
+      total=total, initial=done, desc=label, unit="problem", disable=not (settings.progress and tty)
+    )
+    self.marks = progress_marks(total, done) if settings.log_progress else set()
+    if settings.log_progress and done < total:
+      n = settings.num_samples
+      log.info("eval %s: %d problems (%d done before), n = %d", label, total, done, n)
+
+  def new(self, records: Mapping[int, dict]) -> int:
+    """Problems evaluated by this call (not read back from the jsonl)."""
+    return len(records) - self.done
+
+  def update(self, records: Mapping[int, dict]) -> None:
+    """One more problem done: Pass@1 so far on the bar, a log line at about every 10%."""
+    pass_at_1 = np.mean([r["c"] / r["n"] for r in records.values()])
+    self.bar.set_postfix_str(f"pass@1 {pass_at_1:.3f}", refresh=False)
+    self.bar.update(1)
+    if len(records) in self.marks:
+      elapsed = time.perf_counter() - self.t0
+      eta = elapsed / self.new(records) * (self.total - len(records))
+      times = format_seconds(elapsed), format_seconds(eta)
+      line = "eval %s: %d/%d problems | pass@1 %.3f | %s | ETA %s"
+      log.info(line, self.label, len(records), self.total, pass_at_1, *times)
+
+  def close(self) -> float:
+    """Closes the bar; returns the seconds since the start."""
+    self.bar.close()
+    return time.perf_counter() - self.t0

@@ -16,7 +16,7 @@ import ml_collections
 
 from es_jax import memory_plan, models, rewards, sampling
 from es_jax import sharding as sharding_lib
-from experiments import config_check, evaluate, model_io, run_data
+from experiments import config_check, eval_data, evaluate, model_io, run_data
 from experiments.config_check import check
 from experiments.progress import format_seconds
 
@@ -102,6 +102,11 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
       f"must be divisible by the mesh's pop axis ({pop} devices, config.mesh.pop) x "
       f"es.members_per_chunk={chunk} = {pop * chunk}: change one of them",
     )
+  # The data before the model: an evaluation task that cannot supply problems disjoint from the
+  # training pool is refused before anything heavy loads (experiments.eval_data).
+  section = {**config.data.to_dict(), "progress": bool(config.progress)}
+  examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
+  eval_tasks = eval_data.load_eval_tasks(config, eval_data.training_set(config, examples))
   t0 = time.perf_counter()
   with config_check.user_errors("config.model"):
     model, tokenizer = model_io.load_model(config.model, seed=config.seed)
@@ -116,11 +121,9 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     format_seconds(time.perf_counter() - t0),
   )
   keys = run_data.run_keys(config.seed)
-  section = {**config.data.to_dict(), "progress": bool(config.progress)}
-  examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
   with config_check.user_errors("config.data.reward"):
     reward = rewards.get_reward(run_data.reward_name(config.data))
-  evaluator = evaluate.Evaluator(config, tokenizer, keys)
+  evaluator = evaluate.Evaluator(config, tokenizer, keys, eval_tasks)
   data_sources = {
     "data": run_data.examples_source(examples),
     "eval": run_data.examples_source(evaluator.examples),

@@ -29,7 +29,7 @@ import numpy as np
 
 from es_jax import metrics, models, noise
 from es_jax.models.transformer import check_param_shapes
-from experiments import config_check, evaluate, model_io, plots, run_data
+from experiments import config_check, eval_data, evaluate, model_io, plots, run_data
 from experiments.logger import read_metrics
 
 
@@ -116,10 +116,11 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   config_check.check(
     bool(taus) and all(t > 0 for t in taus), "sparsity.taus", cfg.taus, "need thresholds > 0"
   )
+  tasks = eval_data.load_eval_tasks(config)  # before the model: a refusal comes first
   model, tokenizer = model_io.load_model(config.model, seed=config.seed)
   base = models.params(model)
   tuned = jax.tree.map(jnp.asarray, load_tuned(cfg.tuned, model.config))
-  evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+  evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed), tasks)
   delta = jax.tree.map(lambda t, b: t.astype(jnp.float32) - b.astype(jnp.float32), tuned, base)
 
   def evaluate_params(params, name):

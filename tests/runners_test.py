@@ -2,6 +2,7 @@
 bundled SmolLM2 tokenizer, offline data): outputs, exact resume after SIGKILL, SIGTERM,
 corrupt-latest recovery, sequential stage boundary, config validation."""
 
+import functools
 import itertools
 import json
 import os
@@ -23,6 +24,7 @@ from es_jax.checkpoint import Checkpointer
 from experiments import (
   demo,
   es_runner,
+  eval_data,
   eval_tasks,
   evaluate,
   grpo_runner,
@@ -163,14 +165,17 @@ def test_paper_config_smoke(tmp_path, module, method):
 
 def test_extra_eval_tasks_bad_entries_name_the_field():
   ev = _config(demo_config).eval
-  specs = evaluate.extra_eval_tasks(
+  extra_eval_tasks = functools.partial(
+    eval_data.extra_eval_tasks, heldout=eval_data.Heldout(frozenset())
+  )
+  specs = extra_eval_tasks(
     {**ev, "extra_tasks": ("reasoning_gym/chain_sum",), "limit": 3}, taken=set()
   )
   assert [(s.label, s.task, len(s.examples), s.average) for s in specs] == [
     ("reasoning_gym_chain_sum", "reasoning_gym/chain_sum", 3, True)
   ]
   entry = {"task": "reasoning_gym/chain_sum", "limit": 2, "average": False}
-  (spec,) = evaluate.extra_eval_tasks({**ev, "extra_tasks": (entry,)}, taken=set())
+  (spec,) = extra_eval_tasks({**ev, "extra_tasks": (entry,)}, taken=set())
   assert spec.average is False and len(spec.examples) == 2
   for entries, field in (
     (({"split": "test"},), r"eval.extra_tasks\[0\].task"),
@@ -180,10 +185,10 @@ def test_extra_eval_tasks_bad_entries_name_the_field():
     (({"task": "gsm8k", "average": "no"},), r"eval.extra_tasks\[0\].average='no'"),
   ):
     with pytest.raises(ValueError, match=field):
-      evaluate.extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
+      extra_eval_tasks({**ev, "extra_tasks": entries}, taken=set())
   main = {eval_tasks.task_label(ev.task)}
   with pytest.raises(ValueError, match=r"extra_tasks\[0\].label"):  # clashes with the main task
-    evaluate.extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
+    extra_eval_tasks({**ev, "extra_tasks": (ev.task,)}, taken=main)
 
 
 def test_batch_indices_cover_each_epoch_once():

@@ -9,6 +9,10 @@ Three kinds of task:
   - "file": your own question/answer file (JSONL, JSON, CSV, Parquet), `load_file_task` (see
     `files`).
 
+Evaluation problems disjoint from a training set (`heldout`): `draw_disjoint` draws reasoning-gym
+problems outside a set of normalised training prompts, `overlap` counts a fixed split's
+problems, distinct problems and training prompts, and `drop_seen` leaves those rows out.
+
 Every example is a dict with at least "id", "task", "prompt" (the problem as shown to the model,
 before chat formatting; lettered options included for multiple choice) and "answer" (the gold
 string: a number, a letter, a short answer or reference code), plus task-specific fields
@@ -23,8 +27,17 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from es_jax.data import formats, gym
+from es_jax.data import formats, gym, heldout
 from es_jax.data.files import FILE_TASK, load_file_task
+from es_jax.data.heldout import (
+  Overlap,
+  TaskSpaceTooSmallError,
+  draw_disjoint,
+  drop_seen,
+  normalize_prompt,
+  overlap,
+  prompt_keys,
+)
 from es_jax.data.prompts import (
   INSTRUCTIONS,
   PLAIN_SYSTEM_PROMPT,
@@ -43,11 +56,19 @@ __all__ = [
   "BadRowError",
   "FieldError",
   "DataSmallerThanLimitWarning",
+  "Overlap",
   "TaskExamples",
+  "TaskSpaceTooSmallError",
   "build_messages",
+  "draw_disjoint",
+  "drop_seen",
   "format_prompt",
+  "heldout",
   "load_file_task",
   "load_task",
+  "normalize_prompt",
+  "overlap",
+  "prompt_keys",
 ]
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,8 @@ change. Examples are generated lazily on access.
 Seeds: reasoning-gym seeds item i with `seed + i`, so datasets with nearby seeds are the same
 problems shifted by a few places. The generator seed is therefore derived by hashing
 (task, split, seed): train and test, and seeds 0 and 1, get unrelated streams. Tasks with few
-distinct problems (chain_sum with 2 one-digit terms has 200) still repeat problems across splits.
+distinct problems (chain_sum with 2 one-digit terms has 200) still repeat problems across splits:
+an evaluation that must be disjoint from training draws with `es_jax.data.heldout.draw_disjoint`.
 """
 
 from __future__ import annotations

@@ -178,6 +178,10 @@ def _eval() -> dict:
     data_dir="",
     source_dir="",
     on_bad_row="raise",
+    # Every evaluation is disjoint from the training pool (config.data): reasoning-gym tasks draw
+    # problems outside it; a file or TFDS task's rows that are training prompts are counted and
+    # warned about, and with drop_seen=True dropped, repeated rows too (experiments.eval_data)
+    drop_seen=False,
     num_samples=8,  # n per problem at `temperature` (paper: 32)
     temperature=0.6,
     top_p=1.0,

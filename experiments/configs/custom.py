@@ -14,7 +14,8 @@ reward is exact match of the <answer></answer> text (`qa`); pick another with
 (maximised; a sample is correct in evaluation when it scores >= 1). The prompt is the model's chat
 template with the reward's answer format; --config.data.prompt_template="Q: {question}\\nA:" feeds
 a plain template instead. Evaluation reads --config.eval.path (default: the training file itself,
-with a warning). docs/usage.md has a worked example.
+with a warning); rows that are training questions are counted and warned about
+(--config.eval.drop_seen=True drops them). docs/usage.md has a worked example.
 
 Settings: the paper's (docs/method.md §10): ES N = 32, σ = 1.5e-3, α = 2.5e-4, greedy fitness;
 GRPO G = 8, lr 1e-6, β = 0.001, ε = 0.2, temperature 1.0; 64 prompts per step; evaluation n = 32
@@ -22,8 +23,9 @@ samples at T = 0.6 plus one greedy, Pass@1/16/32. Budgets: 100 steps each (seque
 all), 1,024 new tokens. method=demo runs base, ES, GRPO, GRPO→ES and ES→GRPO and writes report.md.
 Hardware: an accelerator for a model of 0.5B parameters or more (every step generates N x 64
 completions).
-`:smoke`: a random 2-layer model on experiments/configs/sample_data/custom/qa.jsonl, a few
-steps; under a minute on CPU; checks the plumbing, not learning.
+`:smoke`: a random 2-layer model on experiments/configs/sample_data/custom/qa.jsonl (evaluated on
+qa_test.jsonl, none of whose questions is a training one), a few steps; under a minute on CPU;
+checks the plumbing, not learning.
 """
 
 from experiments.configs.base import base_config, sample_dir, smoke
@@ -58,6 +60,7 @@ def get_config(variant: str | None = None):
     c.data.limit = 24
     smoke(c, preset="tiny-llama", data=None, eval_data=None)
     c.data.path = f"{sample_dir('custom')}/qa.jsonl"
+    c.eval.path = f"{sample_dir('custom')}/qa_test.jsonl"  # held out: no training question
   elif variant:
     raise ValueError(f"custom.py: unknown variant {variant!r}; use no variant or ':smoke'.")
   c.lock()

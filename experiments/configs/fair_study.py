@@ -10,7 +10,8 @@ Hardware: a 2-core CPU, no accelerator or network. Several hours (measured per s
 docs/results/fair_study.md); rerunning the command resumes where it stopped.
 
 What it runs (experiments/fair_study.py): SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic
-(two one-digit terms, + and −; docs/results/fair_study.md compares the candidate tasks: the base
+(two terms, + and −; study v1 used one-digit terms, now two-digit ones: see BASIC_ARITHMETIC;
+docs/results/fair_study.md compares the candidate tasks for v1's one-digit terms: the base
 model's Pass@1 is 0.24 and its Pass@16 0.73 here, against 0.19 and 0.72 on the demo's
 chain_sum). σ is calibrated at the base model without learning over σ ∈ {1e-3, 3e-3, 1e-2, 3e-2};
 ES runs full rank (the paper's noise) with N = 16 members, greedy fitness (the paper's Easy
@@ -18,8 +19,9 @@ setting), 16 prompts per step and 30 steps; the null control (shuffled fitness) 
 the same settings; GRPO runs G = 8 samples per prompt on the same 16 prompts per step for 30
 steps with the paper's β and clipping. ES's α and GRPO's lr come from three 6-step pilots each
 (the same tuning budget). Every final model and the base model are evaluated on the same 128
-held-out problems: one greedy answer and n = 16 samples at temperature 0.6 (Pass@1..Pass@16 with
-paired standard errors); the final ES population's JS_succ is measured at the calibrated σ.
+problems, none of them a training prompt (experiments.eval_data): one greedy answer and n = 16
+samples at temperature 0.6 (Pass@1..Pass@16 with paired standard errors); the final ES population's
+JS_succ is measured at the calibrated σ.
 
 `:smoke`: the random tiny model, two candidates per pilot, plumbing only (about a minute).
 """
@@ -27,12 +29,16 @@ paired standard errors); the final ES population's JS_succ is measured at the ca
 from experiments.configs import demo
 from experiments.configs.base import smoke
 
-# Two one-digit terms, + and −, no parentheses or unary minus (reasoning-gym's own generator).
+# Two terms of one or two digits, + and −, no parentheses or unary minus (reasoning-gym's own
+# generator): 100 x 100 x 2 = 20,000 expressions, so 128 evaluation problems disjoint from the
+# 1,024 training rows exist. Study v1 (docs/results/fair_study.md, commit b41e45b) used one-digit
+# terms (max_digits=1): 242 expressions, and 125 of its 128 evaluation rows were training prompts;
+# that setting is now refused (experiments.eval_data). The base rates above were measured on it.
 BASIC_ARITHMETIC = {
   "min_terms": 2,
   "max_terms": 2,
   "min_digits": 1,
-  "max_digits": 1,
+  "max_digits": 2,
   "operators": ("+", "-"),
   "allow_parentheses": False,
   "allow_negation": False,
