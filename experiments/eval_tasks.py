@@ -3,8 +3,9 @@ by `eval_section`, and `eval.extra_tasks`) and the `EvalSettings` each is evalua
 
 An extra task is a task name, or a dict with "task" and any of `EXTRA_TASK_FIELDS`. Its "average"
 (default True) says whether it enters the macro average of eval/table.md; False gives it a row
-of its own below that average (the Hard forgetting check averages CSQA, HotpotQA, GPQA-Diamond
-and Countdown, the paper's four, and reports MBPP separately).
+of its own below that average. (The paper's forgetting averages take every held-out task of the
+setting: Easy CSQA, HotpotQA, GPQA-Diamond, MBPP and Countdown; Hard the same without HotpotQA.)
+The problems of every task are loaded disjoint from the training pool by `experiments.eval_data`.
 """
 
 from __future__ import annotations

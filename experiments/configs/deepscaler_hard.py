@@ -30,16 +30,17 @@ an ES step at about 16 minutes on 8 v5p chips (4 members per chip), so 630 steps
 week there at peak bandwidth, about two days on 32 chips (one member each); GRPO faster per step.
 Expected result (paper, ×100 Pass@1/16/32, math average): base 47.7/73.5/77.4, GRPO 52.9/74.7/78.0,
 ES 49.9/75.0/78.9, ES→GRPO 52.3/75.8/79.2, GRPO→ES 51.6/76.2/78.2. The paper's GRPO row is a
-released GRPO checkpoint, not a run of this config: evaluate one with --config.method=evaluate
+released discrete-token GRPO checkpoint of SofT-GRPO (arXiv 2511.06411, App. D.1; the paper gives
+no hub name), not a run of this config: evaluate one with --config.method=evaluate
 --config.model.path=HF_DIR (docs/method.md §9 gives the command).
 `:forgetting`: method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model) on
-the held-out tasks only (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test run
-sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS), never averaged with the math
-tasks: one row per task in eval/table.md; its macro row averages the paper's four (CSQA, HotpotQA,
-GPQA-Diamond, Countdown), MBPP is reported below it, not averaged. Files
+the Hard held-out tasks only (CSQA validation, GPQA-diamond, MBPP test run sandboxed, Countdown
+test; no HotpotQA, as the paper's Table 5; experiments.configs.base.HELD_OUT_TASKS["hard"]), never
+averaged with the math tasks: one row per task in eval/table.md; its macro row averages all four,
+the paper's Hard forgetting average. Files
 as in gsm8k_easy.py's header (CSQA in --config.eval.source_dir, the others prepared once into the
-TFDS data_dir). 8,192 new tokens × 33 samples × about 9,300 problems plus Countdown's (HotpotQA's
-7,405 the most): run time not measured here.
+TFDS data_dir). 8,192 new tokens × 33 samples × about 1,900 problems plus Countdown's: run time
+not measured here.
 `:smoke`: a random 2-layer model, the shipped DeepScaleR / MATH-500 format samples (no extra
 tasks), a few steps: under a minute on CPU; checks the plumbing only.
 """
@@ -110,7 +111,7 @@ def get_config(variant: str | None = None):
   c.sequential.update(total_steps=HARD_STEPS, first_fraction=0.5)
   c.checkpoint.update(every=5, keep=3)
   if mode == "forgetting":
-    forgetting(c)
+    forgetting(c, "hard")
   if smoke_run:
     smoke(c, preset="tiny-llama", data="deepscaler", eval_data="math500")
     c.eval.extra_tasks = ()  # no shipped AIME / AMC samples

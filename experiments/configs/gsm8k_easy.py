@@ -37,9 +37,9 @@ Variants "[MODEL_][MODE_][smoke]" (docs/method.md §10.1):
          decay 0.99 (population_sweep.ema_decay).
   forgetting  method=evaluate of config.model (a trained run's WORKDIR/hf, or the base model)
          on the held-out tasks (CSQA validation, HotpotQA validation, GPQA-diamond, MBPP test
-         sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS) with the eval
-         settings above; eval/table.md gives one row per task (its macro row averages CSQA,
-         HotpotQA, GPQA-Diamond and Countdown, the paper's four; MBPP below it, not averaged).
+         sandboxed, Countdown test; experiments.configs.base.HELD_OUT_TASKS["easy"]) with the
+         eval settings above; eval/table.md gives one row per task (its macro row averages all
+         five, MBPP included: the paper's Easy forgetting average, Table 10).
          Each task reads its own files: pass them with --config.eval.source_dir=CSQA_DIR for
          CSQA (dev_rand_split.jsonl), and for the others prepare them once into the TFDS
          data_dir (es_jax.data.load_task with source_dir) or give source_dir in
@@ -125,7 +125,7 @@ def get_config(variant: str | None = None):
   elif mode == "forgetting":
     if smoke_run:
       raise ValueError("gsm8k_easy.py: no ':forgetting_smoke' (no held-out sample files).")
-    forgetting(c)
+    forgetting(c, "easy")
   if smoke_run:
     smoke(
       c,
