@@ -209,8 +209,12 @@ def _settings(run: Run) -> str:
     parts.append("no config.json")
   for label, t in run.tasks.items():
     meta = t.get("meta") or {}
+    seen = meta.get("num_seen_in_training")  # None: not recorded (an older evaluation)
+    problems = f"{t['num_problems']} problems" + (
+      "" if seen is None else f", {meta.get('num_distinct', NA)} distinct, {seen} seen in training"
+    )
     parts.append(
-      f"eval {label}: {t['num_problems']} problems, n = {t['num_samples']} at T = "
+      f"eval {label}: {problems}, n = {t['num_samples']} at T = "
       f"{meta.get('temperature', NA)}, ≤ {meta.get('max_new_tokens', NA)} new tokens"
     )
   return f"- {run.name}: " + "; ".join(parts) + "."

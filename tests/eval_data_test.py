@@ -11,7 +11,7 @@ import pytest
 from run_configs import smoke_config, with_fields
 
 from es_jax import data
-from experiments import config_check, eval_data, evaluate, model_io
+from experiments import config_check, eval_data, evaluate, model_io, report
 from experiments.configs import coverage_study, demo, fair_study
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")
@@ -190,6 +190,9 @@ def test_the_meta_and_table_record_the_counts_and_other_problems_are_refused(tmp
   assert (meta["num_problems"], meta["num_distinct"], meta["num_seen_in_training"]) == (n, n, 0)
   table = (tmp_path / "eval" / "table.md").read_text()
   assert f"{label}: {n} problems, {n} distinct, 0 seen in training" in table
+  built = report.build([str(tmp_path)], str(tmp_path / "report"))
+  text = open(built["report"]).read()
+  assert f"eval {label}: {n} problems, {n} distinct, 0 seen in training" in text
   # Other problems under the same label and settings: the resume is refused.
   other = smoke_config(demo, eval__split="validation")
   assert (

@@ -30,10 +30,11 @@ from experiments.configs import demo
 from experiments.configs.base import smoke
 
 # Two terms of one or two digits, + and −, no parentheses or unary minus (reasoning-gym's own
-# generator): 100 x 100 x 2 = 20,000 expressions, so 128 evaluation problems disjoint from the
-# 1,024 training rows exist. Study v1 (docs/results/fair_study.md, commit b41e45b) used one-digit
-# terms (max_digits=1): 242 expressions, and 125 of its 128 evaluation rows were training prompts;
-# that setting is now refused (experiments.eval_data). The base rates above were measured on it.
+# generator): 20,392 distinct prompts in 300,000 draws, so 128 evaluation problems disjoint from
+# the 1,024 training rows exist. Study v1 (docs/results/fair_study.md, commit b41e45b) used
+# one-digit terms (max_digits=1): 242 expressions, and 125 of its 128 evaluation rows were training
+# prompts; that setting is now refused (experiments.eval_data). The base rates above were measured
+# on it.
 BASIC_ARITHMETIC = {
   "min_terms": 2,
   "max_terms": 2,
