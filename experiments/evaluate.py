@@ -336,6 +336,8 @@ class Evaluator:
   """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
+    """Reads the evaluation sets and imports (and checks) a user's reward now; `tokenizer` may be
+    None while that runs before the model loads, and is set before the first evaluation."""
     ev = config.eval
     names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
     for name in names.split():
@@ -349,6 +351,12 @@ class Evaluator:
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
     self.extra = extra_eval_tasks(section, taken={self.label})
+    # A user's reward scores with config.data's time limit (run_data.reward_options).
+    self.correct_fn = None
+    if rewards.is_user_reward(self.task):
+      run_data.load_reward(config.data, self.task, self.examples)  # imported and checked now
+      options = run_data.reward_options(config.data, self.task)
+      self.correct_fn = functools.partial(rewards.is_correct, task=self.task, **options)
 
   def _settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
@@ -380,7 +388,7 @@ class Evaluator:
       models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
       model_config,
       self.tokenizer,
-      TaskSpec(self.label, self.task, examples),
+      TaskSpec(self.label, self.task, examples, correct_fn=self.correct_fn),
       self._settings(n),
       key=self.key,
     )
@@ -403,7 +411,7 @@ class Evaluator:
       models.cast_params(params, model_config.jnp_dtype),
       model_config,
       self.tokenizer,
-      [TaskSpec(self.label, self.task, self.examples), *self.extra],
+      [TaskSpec(self.label, self.task, self.examples, correct_fn=self.correct_fn), *self.extra],
       settings,
       key=self.key,
       out_dir=out_dir,
@@ -431,9 +439,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   config_check.validate(config)
   with preemption.sigterm_scope():
+    evaluator = Evaluator(config, None, run_data.run_keys(config.seed))  # files first: cheap
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
-    evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed))
+    evaluator.tokenizer = tokenizer
     write_run_files(workdir, config)  # config.json and versions.json, as training runs have
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
     if preemption.preempted():

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from es_jax.data import formats, gym
-from es_jax.data.files import FILE_TASK, load_file_task
+from es_jax.data.files import FILE_TASK, ColumnError, load_file_task
 from es_jax.data.prompts import (
   INSTRUCTIONS,
   PLAIN_SYSTEM_PROMPT,
@@ -41,6 +41,7 @@ __all__ = [
   "SYSTEM_PROMPT",
   "TASKS",
   "BadRowError",
+  "ColumnError",
   "FieldError",
   "DataSmallerThanLimitWarning",
   "TaskExamples",
