@@ -13,6 +13,7 @@ import pytest
 
 from es_jax import rewards
 from es_jax.rewards import RewardError
+from experiments.logger import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = """
@@ -242,7 +243,9 @@ def test_a_reward_breaking_the_contract_mid_run_ends_it_non_zero(files, tmp_path
 
 
 def test_a_mutating_reward_cannot_change_the_examples_of_a_run(files, tmp_path):
-  out = _main(files, tmp_path / "run", "hostile.py:mutate")
+  # Each prompt of the step is scored for every one of the 4 population members, on one example
+  # dict: a cleared example reaching a later call would score NaN and end the run.
+  out = _main(files, tmp_path / "run", "hostile.py:mutate", "--config.eval.final=False")
   assert out.returncode == 0, out.stderr[-3000:]
-  table = json.loads((tmp_path / "run" / "eval" / "table.json").read_text())
-  assert table["tasks"]["file_test"]["pass@1"] == 1.0  # every call saw the answer
+  (row,) = [r for r in read_metrics(tmp_path / "run") if "train/reward" in r]
+  assert row["train/reward"] == 1.0  # every call saw the answer
