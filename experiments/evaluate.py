@@ -336,8 +336,7 @@ class Evaluator:
   """Held-out evaluation of params: periodic (small slice, in memory) and final (files)."""
 
   def __init__(self, config: ml_collections.ConfigDict, tokenizer, keys: Mapping[str, jax.Array]):
-    """Reads the evaluation sets and imports (and checks) a user's reward now; `tokenizer` may be
-    None while that runs before the model loads, and is set before the first evaluation."""
+    """Reads the eval sets, checks a user's reward; `tokenizer` may be None until evaluating."""
     ev = config.eval
     names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
     for name in names.split():
@@ -351,12 +350,7 @@ class Evaluator:
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
     self.extra = extra_eval_tasks(section, taken={self.label})
-    # A user's reward scores with config.data's time limit (run_data.reward_options).
-    self.correct_fn = None
-    if rewards.is_user_reward(self.task):
-      run_data.load_reward(config.data, self.task, self.examples)  # imported and checked now
-      options = run_data.reward_options(config.data, self.task)
-      self.correct_fn = functools.partial(rewards.is_correct, task=self.task, **options)
+    self.correct_fn = run_data.eval_correct_fn(config.data, self.task, self.examples)
 
   def _settings(self, num_samples: int) -> EvalSettings:
     ev = self.config

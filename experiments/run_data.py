@@ -15,6 +15,7 @@ needs saving. A sequential run's second stage continues the stream where the fir
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -123,6 +124,18 @@ def load_reward(data_section: Mapping[str, Any], name: str, examples: Sequence[d
     if isinstance(reward, rewards.UserReward) and len(examples):
       reward("", examples[0])
   return reward
+
+
+def eval_correct_fn(
+  data_section: Mapping[str, Any], name: str, examples: Sequence[dict]
+) -> Callable[[str, dict], bool] | None:
+  """Evaluation's correctness for a user's reward `name`, imported and checked now
+  (`load_reward`) and called with config.data's time limit; None for a library reward (the
+  evaluation's default, `rewards.is_correct`)."""
+  if not rewards.is_user_reward(name):
+    return None
+  load_reward(data_section, name, examples)
+  return functools.partial(rewards.is_correct, task=name, **reward_options(data_section, name))
 
 
 def batch_indices(num_examples: int, *, step: int, batch: int, seed: int, shuffle: bool):

@@ -10,9 +10,13 @@ import sys
 import time
 
 import pytest
+from run_configs import with_fields
 
 from es_jax import rewards
 from es_jax.rewards import RewardError
+from experiments import evaluate, run_data
+from experiments.config_check import ConfigError
+from experiments.configs import custom
 from experiments.logger import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -155,6 +159,25 @@ def test_exits_at_import_are_errors_naming_the_reward(files):
     with pytest.raises(RewardError, match=said) as raised:
       rewards.get_reward(f"{files / file}:score")
     assert f"{file}:score'" in str(raised.value)
+
+
+def test_evaluation_scores_a_user_reward_with_the_configs_time_limit(files, monkeypatch):
+  monkeypatch.chdir(files)
+  config = with_fields(
+    custom.get_config("smoke"),
+    data__path="train.jsonl",
+    eval__path="test.jsonl",
+    data__reward="hostile.py:fine",
+    data__reward_timeout=7.0,
+    progress=False,
+  )
+  evaluator = evaluate.Evaluator(config, None, run_data.run_keys(0))  # no model needed
+  correct, example = evaluator.correct_fn, evaluator.examples[0]
+  assert correct("ab", example) is True and correct("a", example) is False
+  assert correct.keywords["timeout_s"] == 7.0
+  broken = with_fields(config, data__reward="hostile.py:text")
+  with pytest.raises(ConfigError, match=r"config\.data\.reward: .*example 'test\.jsonl:1'"):
+    evaluate.Evaluator(broken, None, run_data.run_keys(0))
 
 
 # ------------------------------------------------------------------------- through the command line

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 _WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_user_worker.py")
@@ -120,21 +120,26 @@ class UserReward:
 
   def __call__(self, completion: str, example: Mapping[str, Any]) -> float:
     """The reward of `completion` for `example` (a finite float), or RewardError."""
-    where = f"reward {self.name!r} on {describe_example(example)} (completion {_short(completion)})"
+
+    def where() -> str:  # built on failure only: a call should cost a round trip, no more
+      return (
+        f"reward {self.name!r} on {describe_example(example)} (completion {_short(completion)})"
+      )
+
     with self._lock:
       if self._proc is None or self._owner_pid != os.getpid():
         self._start()
       try:
         request = ("call", str(completion), example)
         reply = self._request(request, where)
-      except pickle.PicklingError as e:
-        raise RewardError(f"{where}: the example cannot be sent to the reward ({e}).") from None
+      except (pickle.PicklingError, TypeError, AttributeError) as e:  # what pickle raises
+        raise RewardError(f"{where()}: the example cannot be sent to the reward ({e}).") from None
     kind = reply[0]
     if kind == "value":
       return reply[1]
     if kind == "bad":
-      raise RewardError(f"{where}: returned {reply[1]} ({reply[2]}); {_CONTRACT}.")
-    raise RewardError(f"{where}: raised {reply[1]}.", traceback=reply[2])
+      raise RewardError(f"{where()}: returned {reply[1]} ({reply[2]}); {_CONTRACT}.")
+    raise RewardError(f"{where()}: raised {reply[1]}.", traceback=reply[2])
 
   def close(self) -> None:
     """Stops the worker (the next call starts another)."""
@@ -154,7 +159,7 @@ class UserReward:
       start_new_session=True,  # its own process group: a kill takes the user's children too
     )
     where = f"reward {self.name!r} while importing {self._module}"
-    reply = self._request(("load", self._module, self._attr, self._path), where)
+    reply = self._request(("load", self._module, self._attr, self._path), lambda: where)
     if reply[0] != "ready":
       self._kill()
       raise RewardError(f"reward {self.name!r}: {reply[1]}.", traceback=reply[2])
@@ -174,7 +179,7 @@ class UserReward:
       except OSError:
         pass
 
-  def _request(self, request: tuple, where: str) -> tuple:
+  def _request(self, request: tuple, where: Callable[[], str]) -> tuple:
     """Sends `request`, returns the reply; RewardError (worker killed) when none comes in time."""
     payload = pickle.dumps(request)
     deadline = time.monotonic() + self.timeout_s
@@ -186,13 +191,13 @@ class UserReward:
     except TimeoutError:
       self._kill()
       raise RewardError(
-        f"{where}: no answer within the time limit of {self.timeout_s:g} s (worker stopped).",
+        f"{where()}: no answer within the time limit of {self.timeout_s:g} s (worker stopped).",
         timed_out=True,
       ) from None
     except (OSError, EOFError):
       self._kill()
       raise RewardError(
-        f"{where}: its process ended with exit status {proc.returncode} instead of answering; "
+        f"{where()}: its process ended with exit status {proc.returncode} instead of answering; "
         "a reward must return a number, not exit."
       ) from None
 
