@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from es_jax import members, models, noise, population, preemption, rewards, sampling
+from es_jax import members, models, noise, population, preemption, sampling
 from experiments import config_check, diversity, eval_results, model_io, run_data
 
 log = logging.getLogger(__name__)
@@ -245,11 +245,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   {"stopped": True} after a SIGTERM (the σ measured so far are kept for the rerun)."""
   config_check.validate(config)
   d = config.diversity
+  examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))  # files first
+  reward = run_data.load_reward(config.data, run_data.reward_name(config.data), examples)
   model, tokenizer = model_io.load_model(config.model, seed=config.seed)
   source = dict(model_config=model.config, tokenizer=tokenizer, seed=int(config.seed), es=config.es)
   source = diversity.at_step({**source, "ckpt_dir": None}, models.params(model), 0)
-  examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))
-  score = run_data.make_scorer(tokenizer, rewards.get_reward(run_data.reward_name(config.data)))
+  score = run_data.make_scorer(tokenizer, reward)
   base = base_answers(source, examples, score, int(config.es.max_new_tokens))
   params32 = models.cast_params(source["params"], jnp.float32)
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0xCA1)

@@ -106,6 +106,7 @@ def _model_data_rules(choices) -> dict[str, Rule]:
     "data.data_dir": text(),
     "data.source_dir": text(),
     "data.reward": reward_or_task(empty_ok=True),
+    "data.reward_timeout": number(0.0, low_open=True),
     "data.prompts_per_step": integer(1),
     "data.shuffle": boolean,
   }

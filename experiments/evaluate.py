@@ -319,7 +319,8 @@ class Evaluator:
     tasks: eval_data.EvalTasks | None = None,
   ):
     """`tasks`: the config's evaluation tasks (`eval_data.load_eval_tasks`, loaded before the
-    model by the runners); None loads them now."""
+    model by the runners); None loads them now. Checks a user's reward; `tokenizer` may be None
+    until evaluating."""
     ev = config.eval
     names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
     for name in names.split():
@@ -331,8 +332,9 @@ class Evaluator:
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro). Every
     # task's problems are disjoint from the training pool (experiments.eval_data).
     tasks = eval_data.load_eval_tasks(config) if tasks is None else tasks
-    self.main, self.extra = tasks.main, tasks.extra
-    self.task, self.label, self.examples = self.main.task, self.main.label, self.main.examples
+    self.task, self.label, self.examples = tasks.main.task, tasks.main.label, tasks.main.examples
+    correct_fn = run_data.eval_correct_fn(config.data, self.task, self.examples)
+    self.main, self.extra = tasks.main._replace(correct_fn=correct_fn), tasks.extra
 
   def _settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
@@ -364,7 +366,7 @@ class Evaluator:
       models.cast_params(params, model_config.jnp_dtype),  # masters sample in compute dtype
       model_config,
       self.tokenizer,
-      TaskSpec(self.label, self.task, examples),
+      TaskSpec(self.label, self.task, examples, correct_fn=self.correct_fn),
       self._settings(n),
       key=self.key,
     )
@@ -414,11 +416,12 @@ def stopped_result(what: str) -> dict[str, Any]:
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="evaluate"`: the final evaluation of config.model on config.eval, in workdir/eval."""
   config_check.validate(config)
-  tasks = eval_data.load_eval_tasks(config)  # before the model: a refusal comes first
   with preemption.sigterm_scope():
+    # The files, the reward and the disjointness check before the model: a refusal comes first.
+    evaluator = Evaluator(config, None, run_data.run_keys(config.seed))
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
-    evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed), tasks)
+    evaluator.tokenizer = tokenizer
     write_run_files(workdir, config)  # config.json and versions.json, as training runs have
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
     if preemption.preempted():

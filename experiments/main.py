@@ -9,11 +9,13 @@
 `run(config, workdir)`). The config is locked and validated before anything is loaded
 (`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
 in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
-files, bad data and a workdir that holds another method's run. `--dry_run` also loads the model and
-the data, then exits 0 without training. Rerunning the same command resumes from the newest
-checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation) saves what
-was done and exits 0 (`es_jax.preemption.sigterm_scope`, one flag for the whole command); a second
-run on a DIR in use is refused (`experiments.workdir_lock`). On a
+files, bad data, a user's reward that breaks its contract (docs/usage.md; at the check before
+the model loads or at any later call) and a workdir that holds another method's run. The data
+and evaluation files and the reward are checked before the model loads. `--dry_run` also loads
+the model and the data, then exits 0 without training. Rerunning the same command resumes from
+the newest checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation)
+saves what was done and exits 0 (`es_jax.preemption.sigterm_scope`, one flag for the whole
+command); a second run on a DIR in use is refused (`experiments.workdir_lock`). On a
 multi-host TPU slice run the same command on every worker
 (jax.distributed joins them).
 
@@ -203,17 +205,16 @@ def dry_run(config, workdir: str) -> dict:
   import jax
 
   from es_jax import models
-  from experiments import config_check, eval_data, evaluate, model_io, run_context, run_data
+  from experiments import config_check, evaluate, model_io, run_context, run_data
 
   t0 = time.perf_counter()
   if config.method == "evaluate":  # the training pool only to exclude its prompts
     config_check.validate(config)
     config_check.check_workdir(config, workdir)
-    tasks = eval_data.load_eval_tasks(config)  # before the model, as evaluate.run
+    evaluator = evaluate.Evaluator(config, None, run_data.run_keys(config.seed))  # files first
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
     params, dtype = models.params(model), model.config.dtype
-    evaluator = evaluate.Evaluator(config, tokenizer, run_data.run_keys(config.seed), tasks)
     train_examples, mesh = 0, {}
   else:
     ctx = run_context.make_context(config, workdir)
@@ -254,6 +255,7 @@ def main(argv) -> None:
 
 def _main() -> dict:
   from es_jax import sharding
+  from es_jax.rewards import RewardError
   from experiments import config_check
   from experiments.configs.base import METHODS
 
@@ -274,10 +276,16 @@ def _main() -> dict:
       with WorkdirLock(_WORKDIR.value):
         result = runner(config, _WORKDIR.value)
       summary = {k: v for k, v in (result or {}).items() if k in ("stopped", "eval", "report")}
-  except USER_ERRORS as e:
+  except (*USER_ERRORS, RewardError) as e:
+    reward_error = e if isinstance(e, RewardError) else e.__cause__
     if show_tracebacks():
+      if isinstance(reward_error, RewardError) and reward_error.traceback:
+        print(f"The reward's traceback:\n{reward_error.traceback}", file=sys.stderr, flush=True)
       raise
-    user_error(str(e))
+    message = str(e)
+    if isinstance(reward_error, RewardError) and reward_error.timed_out:
+      message = message.rstrip(".") + "; --config.data.reward_timeout sets the limit."
+    user_error(message)
   return summary
 
 

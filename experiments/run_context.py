@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from es_jax import memory_plan, models, rewards, sampling
+from es_jax import memory_plan, models, sampling
 from es_jax import sharding as sharding_lib
 from experiments import config_check, eval_data, evaluate, model_io, run_data
 from experiments.config_check import check
@@ -84,7 +84,9 @@ def check_memory(
 
 
 def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
-  """Loads the model, tokenizer, training pool and evaluation set that `config` names.
+  """Loads the model, tokenizer, training pool and evaluation set that `config` names; the data
+  and evaluation files, their fields and the reward (`run_data.load_reward`) are checked first,
+  before the model loads.
 
   Raises:
     ConfigError: a config value is invalid (`config_check.validate`), the workdir holds another
@@ -102,14 +104,19 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
       f"must be divisible by the mesh's pop axis ({pop} devices, config.mesh.pop) x "
       f"es.members_per_chunk={chunk} = {pop * chunk}: change one of them",
     )
-  # The data before the model: an evaluation task that cannot supply problems disjoint from the
-  # training pool is refused before anything heavy loads (experiments.eval_data).
+  # The cheap checks first (data and evaluation files, their fields, the reward's import and one
+  # call, evaluation problems disjoint from the training pool: experiments.eval_data), so that a
+  # mistake there is reported in seconds, not after the model has loaded.
+  keys = run_data.run_keys(config.seed)
   section = {**config.data.to_dict(), "progress": bool(config.progress)}
   examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
+  reward = run_data.load_reward(config.data, run_data.reward_name(config.data), examples)
   eval_tasks = eval_data.load_eval_tasks(config, eval_data.training_set(config, examples))
+  evaluator = evaluate.Evaluator(config, None, keys, eval_tasks)
   t0 = time.perf_counter()
   with config_check.user_errors("config.model"):
     model, tokenizer = model_io.load_model(config.model, seed=config.seed)
+  evaluator.tokenizer = tokenizer
   with config_check.user_errors("config.mesh.check_memory"):
     check_memory(config, model.config, mesh)
   n_params = sum(int(x.size) for x in jax.tree.leaves(models.params(model)))
@@ -120,10 +127,6 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     model.config.dtype,
     format_seconds(time.perf_counter() - t0),
   )
-  keys = run_data.run_keys(config.seed)
-  with config_check.user_errors("config.data.reward"):
-    reward = rewards.get_reward(run_data.reward_name(config.data))
-  evaluator = evaluate.Evaluator(config, tokenizer, keys, eval_tasks)
   data_sources = {
     "data": run_data.examples_source(examples),
     "eval": run_data.examples_source(evaluator.examples),

@@ -15,6 +15,7 @@ needs saving. A sequential run's second stage continues the stream where the fir
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ import jax
 import ml_collections
 import numpy as np
 
-from es_jax import data, sampling
+from es_jax import data, rewards, sampling
+from es_jax.rewards.user import DEFAULT_TIMEOUT_S as DEFAULT_REWARD_TIMEOUT_S
 from experiments import config_check
 from experiments.config_check import check
 
@@ -73,10 +75,19 @@ def load_examples(
   if section.get("task") == data.FILE_TASK:
     path = section.get("path") or ""
     check(bool(path), f"{field}.path", path, "task 'file' needs your question/answer file")
-    with config_check.user_errors(f"config.{field}.path"):
-      return data.load_file_task(
-        path, limit=limit, on_bad_row=section.get("on_bad_row") or "raise", **(options or {})
-      )
+    try:
+      with config_check.user_errors(f"config.{field}.path"):
+        return data.load_file_task(
+          path, limit=limit, on_bad_row=section.get("on_bad_row") or "raise", **(options or {})
+        )
+    except config_check.ConfigError as e:
+      if isinstance(e.__cause__, data.ColumnError):  # the fields are config.data's (file_options)
+        c = e.__cause__
+        raise config_check.ConfigError(
+          f"config.data.{c.option}={c.value!r}: {path} has no such field in its first row; its "
+          f"fields are {c.present}: pick one with --config.data.{c.option}"
+        ) from c
+      raise
   kwargs = _task_kwargs(section, field)
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
@@ -90,6 +101,41 @@ def load_examples(
 
 def reward_name(section: Mapping[str, Any]) -> str:
   return section.get("reward") or section.get("task")
+
+
+def reward_options(data_section: Mapping[str, Any], name: str | None = None) -> dict[str, Any]:
+  """The options of reward `name` (default: config.data's): a user's reward (module:function)
+  gets its time limit, `data.reward_timeout`; the library's rewards take their defaults."""
+  if not rewards.is_user_reward(name or reward_name(data_section)):
+    return {}
+  return {"timeout_s": float(data_section.get("reward_timeout") or DEFAULT_REWARD_TIMEOUT_S)}
+
+
+def load_reward(data_section: Mapping[str, Any], name: str, examples: Sequence[dict]) -> Callable:
+  """The reward `name` with `reward_options`; a user's reward is imported in its worker and
+  called once, on `examples[0]` with an empty completion, so that a reward that cannot be
+  imported or breaks its contract (es_jax.rewards.user) fails before any model loads.
+
+  Raises:
+    ConfigError: naming config.data.reward, in one line.
+  """
+  with config_check.user_errors("config.data.reward"):
+    reward = rewards.get_reward(name, **reward_options(data_section, name))
+    if isinstance(reward, rewards.UserReward) and len(examples):
+      reward("", examples[0])
+  return reward
+
+
+def eval_correct_fn(
+  data_section: Mapping[str, Any], name: str, examples: Sequence[dict]
+) -> Callable[[str, dict], bool] | None:
+  """Evaluation's correctness for a user's reward `name`, imported and checked now
+  (`load_reward`) and called with config.data's time limit; None for a library reward (the
+  evaluation's default, `rewards.is_correct`)."""
+  if not rewards.is_user_reward(name):
+    return None
+  load_reward(data_section, name, examples)
+  return functools.partial(rewards.is_correct, task=name, **reward_options(data_section, name))
 
 
 def batch_indices(num_examples: int, *, step: int, batch: int, seed: int, shuffle: bool):

@@ -185,3 +185,116 @@ def test_a_saved_datasets_split_directory_is_a_file_task(tmp_path):
   bad = [{"question": "q", "answer": None}]
   with pytest.raises(BadRowError, match=r"row 1.*answer"):
     load_file_task(_save_to_disk_layout(tmp_path / "bad", bad, chunks=1), reward="gsm8k")
+
+
+def _text_file(path, text):
+  path.write_text(text)
+  return str(path)
+
+
+def test_malformed_csv_records_name_file_and_line(tmp_path):
+  header = "question,answer\n1+1,2\n"
+  for name, text, line in (
+    ("open.csv", header + '2+2,"4\n3+3,6\n4+4,8\n', 3),  # a quote left open to the end
+    ("merge.csv", header + '2+2,"4\n3+3,6\n"4+4",8\n', 3),  # closed by a later row's quote
+  ):
+    path = _text_file(tmp_path / name, text)
+    for on_bad_row in ("raise", "skip"):  # the rows after it cannot be found: never skipped
+      with pytest.raises(BadRowError, match=rf"{name}, line {line}: field '<row>': invalid CSV"):
+        load_file_task(path, on_bad_row=on_bad_row)
+  width = _text_file(tmp_path / "width.csv", header + "2+2,4,extra\n3+3\n4+4,8\n")
+  with pytest.raises(BadRowError, match=r"width\.csv, line 3: .*3 fields where the header has 2"):
+    load_file_task(width)
+  kept = load_file_task(width, on_bad_row="skip")
+  assert [e["answer"] for e in kept] == ["2", "8"] and kept.num_skipped == 2
+  assert "line 4" in str(kept.bad_rows[1]) and "1 fields where the header has 2" in str(
+    kept.bad_rows[1]
+  )
+  quoted = _text_file(tmp_path / "ok.csv", header + '"a question\non two lines",5\n')
+  assert [e["prompt"] for e in load_file_task(quoted)] == ["1+1", "a question\non two lines"]
+  assert load_file_task(quoted)[0]["id"] == "ok.csv:2"  # the first data row is line 2
+
+
+def test_nan_and_missing_answers_are_bad_rows(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+
+  jsonl = _text_file(
+    tmp_path / "nan.jsonl",
+    '{"question": "1+1", "answer": 2}\n{"question": "2+2", "answer": NaN}\n'
+    '{"question": "3+3", "answer": 6}\n',
+  )
+  with pytest.raises(BadRowError, match=r"nan\.jsonl, line 2: field 'answer': nan"):
+    load_file_task(jsonl)
+  kept = load_file_task(jsonl, on_bad_row="skip")
+  assert [e["answer"] for e in kept] == ["2", "6"] and kept.num_skipped == 1
+  parquet = tmp_path / "a.parquet"
+  pq.write_table(
+    pa.table({"question": ["1+1", "2+2", "3+3"], "answer": [2.0, float("nan"), None]}), parquet
+  )
+  with pytest.raises(BadRowError, match=r"a\.parquet, row 2: field 'answer': nan"):
+    load_file_task(str(parquet))
+  kept = load_file_task(str(parquet), on_bad_row="skip")
+  assert [e["answer"] for e in kept] == ["2"] and kept.num_skipped == 2
+  assert "row 3: field 'answer': missing" in str(kept.bad_rows[1])
+
+
+def test_an_unreadable_parquet_or_arrow_file_is_named(tmp_path):
+  broken = tmp_path / "broken.parquet"
+  broken.write_bytes(b"PAR1 this is not a parquet file")
+  for on_bad_row in ("raise", "skip"):
+    with pytest.raises(BadRowError, match=r"broken\.parquet, row 1: .*not a readable Parquet"):
+      load_file_task(str(broken), on_bad_row=on_bad_row)
+  rows = [{"question": "q", "answer": "a"}]
+  split = _save_to_disk_layout(tmp_path / "split", rows, chunks=1)
+  (tmp_path / "split" / "data-00000-of-00001.arrow").write_bytes(b"garbage")
+  with pytest.raises(BadRowError, match=r"data-00000-of-00001\.arrow, row 1: .*readable Arrow"):
+    load_file_task(split)
+
+
+def test_wrong_field_names_name_the_fields_present_and_the_option(tmp_path):
+  path = _jsonl(tmp_path / "qa.jsonl", [{"problem": "1+1", "solution": "2"}] * 2)
+  for on_bad_row in ("raise", "skip"):
+    with pytest.raises(data.ColumnError, match=r"no field 'question'.*\['problem', 'solution'\]"):
+      load_file_task(path, on_bad_row=on_bad_row)
+  config = _with(custom.get_config("smoke"), data__path=path)
+  options = run_data.file_options(config.data)
+  with pytest.raises(
+    config_check.ConfigError,
+    match=r"config\.data\.question_field='question': .*\['problem', 'solution'\]: pick one with "
+    r"--config\.data\.question_field",
+  ):
+    run_data.load_examples(config.data.to_dict(), "data", options=options)
+  options = run_data.file_options(_with(config, data__question_field="problem").data)
+  with pytest.raises(config_check.ConfigError, match=r"config\.data\.answer_field='answer'"):
+    run_data.load_examples(config.data.to_dict(), "data", options=options)
+  options = run_data.file_options(
+    _with(config, data__question_field="problem", data__answer_field="solution").data
+  )
+  assert run_data.load_examples(config.data.to_dict(), "data", options=options)[0]["answer"] == "2"
+
+
+@pytest.mark.parametrize(
+  "fields, said",
+  [
+    (dict(data__question_field="problem"), r"config\.data\.question_field='problem'"),
+    (dict(data__reward="missing_reward.py:score"), r"config\.data\.reward: .*no such file"),
+    (dict(eval__path="missing.jsonl"), r"config\.eval\.path: .*missing\.jsonl"),
+  ],
+)
+def test_files_and_reward_are_checked_before_the_model_loads(tmp_path, monkeypatch, fields, said):
+  from experiments import model_io, run_context
+
+  def no_model(*args, **kwargs):
+    raise AssertionError("the model was loaded before the cheap checks")
+
+  monkeypatch.setattr(model_io, "load_model", no_model)
+  monkeypatch.chdir(tmp_path)
+  train = _jsonl(tmp_path / "train.jsonl", [{"question": "1+1", "answer": "2"}] * 3)
+  config = _with(custom.get_config("smoke"), data__path=train, progress=False, **fields)
+  with pytest.raises(config_check.ConfigError, match=said):
+    run_context.make_context(config, str(tmp_path / "run"))
+  with pytest.raises(AssertionError, match="model was loaded"):  # the checks pass: then it loads
+    run_context.make_context(
+      _with(custom.get_config("smoke"), data__path=train, progress=False), str(tmp_path / "run")
+    )

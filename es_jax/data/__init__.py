@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from es_jax.data import formats, gym, heldout
-from es_jax.data.files import FILE_TASK, load_file_task
+from es_jax.data.files import FILE_TASK, ColumnError, load_file_task
 from es_jax.data.heldout import (
   Overlap,
   TaskSpaceTooSmallError,
@@ -54,6 +54,7 @@ __all__ = [
   "SYSTEM_PROMPT",
   "TASKS",
   "BadRowError",
+  "ColumnError",
   "FieldError",
   "DataSmallerThanLimitWarning",
   "Overlap",

@@ -13,14 +13,19 @@ system prompt and the answer-format instruction for the reward (`prompts.REWARD_
 holds "prompt_text": the template filled with the row's fields (`{question}` is always the
 question), fed to the model as is, without chat template.
 
-A bad row (invalid JSON, a missing or empty question or answer, a template field the row lacks)
-raises `BadRowError` naming the file, line and field, or is skipped with on_bad_row="skip".
+A bad row (invalid JSON, a missing, empty or NaN question or answer, a CSV record with more or
+fewer fields than the header, a template field the row lacks) raises `BadRowError` naming the
+file, line and field, or is skipped and counted with on_bad_row="skip". A file whose first row
+lacks the question or answer field raises `ColumnError` (the field names are wrong), and a file
+that cannot be parsed past some point (a CSV quote left open, a corrupt Parquet file) raises
+`BadRowError` naming it whatever on_bad_row says.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import string
 import warnings
@@ -63,6 +68,8 @@ def _text(row: dict, field: str, *, aliases_ok: bool) -> str | list[str]:
     raise FieldError(field, f"a list must hold non-empty strings, got {value!r:.80}")
   if isinstance(value, bool) or not isinstance(value, str | int | float):
     raise FieldError(field, f"expected text or a number, got {type(value).__name__}")
+  if isinstance(value, float) and not math.isfinite(value):
+    raise FieldError(field, f"{value} (a missing value?): expected text or a finite number")
   text = str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
   if not text.strip():
     raise FieldError(field, "empty")
@@ -111,16 +118,44 @@ def _sha256(path: str) -> str:
   return digest.hexdigest()
 
 
+class ColumnError(ValueError):
+  """The file's first row lacks the question or answer field: the field names are wrong, not a
+  row (raised whatever `on_bad_row` says).
+
+  Attributes:
+    option: the argument that names the field, "question_field" or "answer_field".
+    value: the field name it holds.
+    present: the fields the first row has.
+  """
+
+  def __init__(self, path: str, option: str, value: str, present: list[str]):
+    super().__init__(
+      f"{path}: no field {value!r} in the first row; its fields are {present}: name the "
+      f"{option.split('_')[0]}'s field with {option}"
+    )
+    self.option, self.value, self.present = option, value, present
+
+
+def _check_columns(path: str, row: dict, fields: dict[str, Any]) -> None:
+  for option in ("question_field", "answer_field"):
+    if fields[option] not in row:
+      raise ColumnError(path, option, fields[option], [str(k) for k in row])
+
+
 def _read_examples(path: str, *, limit: int | None, on_bad_row: str, **fields):
   """(examples, bad rows) of `path` in file order, up to `limit` examples; `fields` are
   `file_example`'s field names, template and reward. Raises the first bad row with
-  on_bad_row="raise"."""
+  on_bad_row="raise", and ColumnError when the first readable row lacks a field."""
   unit, rows = read_rows(Path(path))
   examples, bad = [], []
   name = os.path.basename(path)
+  checked = False
   for line, row in rows:
     if limit is not None and len(examples) >= limit:
       break
+    if not checked and isinstance(row, dict):
+      _check_columns(path, row, fields)
+      checked = True
     try:
       if isinstance(row, FieldError):
         raise row

@@ -222,11 +222,40 @@ def read_json(path: Path) -> Iterator[tuple[int, Any]]:
       )
 
 
+def _csv_error(path: Path, line: int, error: Exception) -> BadRowError:
+  return BadRowError(
+    path=str(path),
+    line=line,
+    field="<row>",
+    reason=f"invalid CSV ({error}); the rest of the file cannot be read",
+    hint="An unterminated quote runs into the next rows: close it, or write a quote in a quoted "
+    'field as ""',
+  )
+
+
+def _width_error(row: dict, width: int) -> FieldError | None:
+  """A FieldError when the record has more or fewer fields than the header, else None."""
+  extra = len(row.get(None) or ())
+  missing = sum(v is None for k, v in row.items() if k is not None)
+  if not (extra or missing):
+    return None
+  return FieldError("<row>", f"{width + extra - missing} fields where the header has {width}")
+
+
 def read_csv(path: Path) -> Iterator[tuple[int, Any]]:
-  """Yields `(line, row)` for each record of a CSV file with a header (records may span lines)."""
+  """Yields `(line, row)` for each record of a CSV file with a header (records may span lines).
+
+  A record with more or fewer fields than the header is a bad row. A record that breaks the CSV
+  syntax (an unterminated quote, text after a closing quote) raises BadRowError: where the
+  following rows start cannot be known, so this cannot be skipped.
+  """
   # Bytes that are not UTF-8 become lone surrogates, reported by the row they are in.
   with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
-    reader = csv.DictReader(f)
+    reader = csv.DictReader(f, strict=True)
+    try:
+      width = len(reader.fieldnames or ())  # reads the header
+    except csv.Error as e:
+      raise _csv_error(path, 1, e) from None
     while True:
       start = reader.line_num + 1
       try:
@@ -234,24 +263,38 @@ def read_csv(path: Path) -> Iterator[tuple[int, Any]]:
       except StopIteration:
         return
       except csv.Error as e:
-        yield start, FieldError("<row>", f"invalid CSV ({e})")
-        continue
-      yield start, _check_row(row)
+        raise _csv_error(path, start, e) from None
+      yield start, _width_error(row, width) or _check_row(row)
+
+
+def _unreadable(path: Path, row_number: int, kind: str, error: Exception) -> BadRowError:
+  return BadRowError(
+    path=str(path),
+    line=row_number,
+    unit="row",
+    field="<file>",
+    reason=f"not a readable {kind} file ({type(error).__name__}: {error})",
+  )
 
 
 def read_parquet(path: Path) -> Iterator[tuple[int, Any]]:
-  """Yields `(row number, row)` for each row of a Parquet file (needs pyarrow)."""
+  """Yields `(row number, row)` for each row of a Parquet file (needs pyarrow); a file pyarrow
+  cannot read raises BadRowError naming it."""
   try:
+    import pyarrow as pa
     import pyarrow.parquet as pq
   except ImportError as e:
     raise ImportError(
       f"Reading {path} needs pyarrow (pip install pyarrow), or convert the file to JSON lines."
     ) from e
   row_number = 0
-  for batch in pq.ParquetFile(path).iter_batches():
-    for row in batch.to_pylist():
-      row_number += 1
-      yield row_number, _check_row(row)
+  try:
+    for batch in pq.ParquetFile(path).iter_batches():
+      for row in batch.to_pylist():
+        row_number += 1
+        yield row_number, _check_row(row)
+  except (pa.ArrowException, OSError, ValueError) as e:
+    raise _unreadable(path, row_number + 1, "Parquet", e) from None
 
 
 def arrow_dataset_files(path: Path) -> list[Path]:
@@ -281,11 +324,14 @@ def read_arrow_dataset(path: Path) -> Iterator[tuple[int, Any]]:
     raise ValueError(f"Reading {path} needs pyarrow (pip install pyarrow).") from None
   row_number = 0
   for file in arrow_dataset_files(path):
-    with pa.memory_map(str(file)) as source:
-      for batch in pa.ipc.open_stream(source):
-        for row in batch.to_pylist():
-          row_number += 1
-          yield row_number, _check_row(row)
+    try:
+      with pa.memory_map(str(file)) as source:
+        for batch in pa.ipc.open_stream(source):
+          for row in batch.to_pylist():
+            row_number += 1
+            yield row_number, _check_row(row)
+    except (pa.ArrowException, OSError, ValueError) as e:
+      raise _unreadable(file, row_number + 1, "Arrow", e) from None
 
 
 def read_rows(path: Path) -> tuple[str, Iterator[tuple[int, Any]]]:

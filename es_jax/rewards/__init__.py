@@ -19,7 +19,9 @@ names opt into GSM8K's "#### n" as a formatted answer too (data.reward="gsm8k_ha
 
 A user's reward is named "module:function" (an importable module) or "path/to/file.py:function":
 a callable `(completion: str, example: dict) -> float`, maximised; a sample counts as correct in
-evaluation when it scores >= 1.0, and abstains from Maj@k voting (`user_reward`).
+evaluation when it scores >= 1.0, and abstains from Maj@k voting. It runs in a worker process
+under a contract (a copy of the example, a finite number back, a time limit; `user.py`), and
+takes one option, `timeout_s`.
 
 Dataset names map onto these (`aime24` → math, `mbpp` → code, `hotpotqa` → qa, ...; see
 `TASK_REWARDS`). Every verifier bounds its time on hostile input: extraction is linear in the
@@ -29,10 +31,7 @@ deadline or crashes scores 0 and is counted (`failure_metrics`, logged by the ru
 """
 
 import functools
-import importlib
-import importlib.util
 import inspect
-import os
 from collections.abc import Callable
 
 from es_jax.rewards.choice import choice_answer_key, choice_correct, choice_reward
@@ -58,6 +57,7 @@ from es_jax.rewards.synthetic import (
   char_parity_correct,
   char_parity_reward,
 )
+from es_jax.rewards.user import RewardError, UserReward, is_user_reward, user_reward
 from es_jax.rewards.verifier import failure_counts
 
 REWARDS: dict[str, Callable[..., float]] = {
@@ -111,51 +111,8 @@ TASK_REWARDS = {
 }
 
 
-def is_user_reward(name: str) -> bool:
-  """Whether `name` names a user's callable ("module:function" or "file.py:function")."""
-  return isinstance(name, str) and ":" in name and not name.startswith("reasoning_gym/")
-
-
-@functools.cache
-def user_reward(name: str) -> Callable[[str, dict], float]:
-  """The callable "module:function" or "path/to/file.py:function" names.
-
-  Raises:
-    ValueError: the module or file cannot be imported, has no such function, or the function
-      does not take (completion, example).
-  """
-  module_name, _, attr = name.rpartition(":")
-  if not module_name or not attr.isidentifier():
-    raise ValueError(f"reward {name!r}: use 'module:function' or 'path/to/file.py:function'.")
-  try:
-    if module_name.endswith(".py"):
-      if not os.path.isfile(module_name):
-        raise FileNotFoundError(f"no such file {module_name!r}")
-      spec = importlib.util.spec_from_file_location(f"_user_reward_{abs(hash(name))}", module_name)
-      module = importlib.util.module_from_spec(spec)
-      spec.loader.exec_module(module)
-    else:
-      module = importlib.import_module(module_name)
-  except Exception as e:  # noqa: BLE001 - any import failure of the user's code, in one line
-    raise ValueError(
-      f"reward {name!r}: importing {module_name} failed: {type(e).__name__}: {e}"
-    ) from None
-  fn = getattr(module, attr, None)
-  if not callable(fn):
-    raise ValueError(f"reward {name!r}: {module_name} has no function {attr!r}.")
-  try:
-    inspect.signature(fn).bind("", {})
-  except TypeError:
-    raise ValueError(
-      f"reward {name!r}: {attr} must take (completion: str, example: dict) and return a float."
-    ) from None
-  except ValueError:  # a builtin without a signature: trust it
-    pass
-  return fn
-
-
 def _user_correct(completion: str, example: dict, *, fn: Callable) -> bool:
-  return float(fn(completion, example)) >= 1.0
+  return fn(completion, example) >= 1.0
 
 
 def _resolve(name: str) -> str:
@@ -181,7 +138,7 @@ def get_reward(name: str, **options) -> Callable[[str, dict], float]:
   1.0
   """
   if is_user_reward(name):
-    return _bind(user_reward(name), name, options)
+    return user_reward(name, **options)
   reward = _resolve(name)
   return _bind(REWARDS[reward], name, options)
 
@@ -212,7 +169,9 @@ def answer_key(completion: str, *, task: str, **options) -> str | None:
 
 __all__ = [
   "REWARDS",
+  "RewardError",
   "TASK_REWARDS",
+  "UserReward",
   "answer_key",
   "answers_equal",
   "char_parity_reward",

@@ -160,6 +160,8 @@ def _data() -> dict:
     # tasks' own rewards read \boxed{} answers only (the paper's); "gsm8k_hash" / "math_hash"
     # also take "#### n".
     reward="",
+    # seconds a user's reward (module:function) may take to import and per call (docs/usage.md)
+    reward_timeout=60.0,
     prompts_per_step=8,  # P: the paper uses 64
     shuffle=True,  # a new permutation per epoch (a fixed function of seed and epoch)
   )
