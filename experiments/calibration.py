@@ -26,8 +26,15 @@ Recommended σ (the rule, also printed under the table): the smallest σ of the 
 (a) at least `diversity.min_changed` of the greedy completions differ from the base model's and
 (b) the members' mean fitness is at least the base fitness − `diversity.fitness_tolerance`.
 Rule (a) asks that members measurably answer differently (the fitness can only rank members that
-differ), rule (b) that the perturbation does not simply break the model. If no σ meets both, none
-is recommended and the table says which rule failed. Writes workdir/calibration/{table.md,json}.
+differ), rule (b) that the perturbation does not simply break the model. So that the rule cannot
+return an edge of the grid, the grid is extended (σ_min / 3 below, σ_max · 3 above, at most
+`diversity.extensions` times; `extension`) until the recommended σ is interior and a larger σ has
+JS_succ above zero (`wide_sigma`, the σ of study v2's wide arm). If no σ meets both rules, none is
+recommended and the table says which rule failed. Writes workdir/calibration/{table.md,json}.
+
+A stopped calibration keeps its finished rows in rows.partial.json with the config fields they
+were measured under (experiments.study_stages.fields); a rerun under other values is refused in
+one line (`diversity.restart=True` measures every σ again).
 """
 
 from __future__ import annotations
@@ -43,7 +50,15 @@ import ml_collections
 import numpy as np
 
 from es_jax import members, models, noise, population, preemption, sampling
-from experiments import config_check, diversity, eval_results, model_io, run_data
+from experiments import (
+  config_check,
+  diversity,
+  eval_results,
+  model_io,
+  run_data,
+  study_stages,
+  train_loop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +151,7 @@ def recommend(rows: list[dict], min_changed: float, tolerance: float) -> tuple[f
   return None, "No σ of the grid meets both rules (" + "; ".join(failed) + ")."
 
 
-def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
+def markdown(rows: list[dict], note: str, config, base_fitness: float, wide=None) -> str:
   d = config.diversity
   head = [
     "σ",
@@ -187,8 +202,12 @@ def markdown(rows: list[dict], note: str, config, base_fitness: float) -> str:
       "",
       f"**Recommended:** {note}",
       "",
+      f"**Wider σ with JS_succ above zero:** {'none' if wide is None else f'{wide:g}'}.",
+      "",
       f"Rule: the smallest σ with changed ≥ {d.min_changed:g} and fitness mean − base ≥ "
-      f"−{d.fitness_tolerance:g}. 'changed': share of (member, problem) greedy completions whose "
+      f"−{d.fitness_tolerance:g}; the grid is extended (σ_min/3 or σ_max·3, at most "
+      f"{d.extensions} times) until that σ is interior and a larger σ has JS_succ > 0. "
+      "'changed': share of (member, problem) greedy completions whose "
       "text differs from the base model's; 'success changed': whose verdict differs. 'survives': "
       "cos(cast(θ+σε) − cast(θ), σε) of member 0 after rounding to the compute dtype / to "
       "bfloat16 (1: the rounded weights carry the perturbation as intended).",
@@ -240,11 +259,60 @@ def measure_sigma(config, source, params32, base, examples, score, sigma: float,
   return row
 
 
+def extension(rows: list[dict], min_changed: float, tolerance: float) -> float | None:
+  """The σ to measure next so that the recommended σ is interior (a smaller σ of the grid fails
+  the rule, a larger one exists) and a larger σ has JS_succ above zero (its 95% interval's low end
+  > 0): σ_min / 3 or σ_max · 3; None when the grid already does, or when no σ can meet the rule
+  by extending it (some σ fail on changed answers, the others on fitness)."""
+  grid = sorted(r["sigma"] for r in rows)
+  sigma, _ = recommend(rows, min_changed, tolerance)
+  if sigma is None:
+    if all(r["changed"] < min_changed for r in rows):
+      return grid[-1] * 3  # every σ too small to change answers
+    if all(r["fitness_minus_base"] < -tolerance for r in rows):
+      return grid[0] / 3  # every σ breaks the model
+    return None
+  if sigma == grid[0]:
+    return grid[0] / 3
+  if sigma == grid[-1] or wide_sigma(rows, sigma) is None:
+    return grid[-1] * 3
+  return None
+
+
+def wide_sigma(rows: list[dict], sigma: float) -> float | None:
+  """The smallest σ of `rows` above `sigma` whose JS_succ interval excludes zero, else None."""
+  above = [r for r in rows if r["sigma"] > sigma and r["js_succ_ci"][0] > 0]
+  return min((r["sigma"] for r in above), default=None)
+
+
+def _partial_rows(path: str, record: dict, restart: bool) -> dict[float, dict]:
+  """The σ rows a stopped calibration measured under the same config (`record`); rows of another
+  config are refused in one line (diversity.restart=True measures them again)."""
+  if restart or not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    saved = json.load(f)
+  diff = ["no recorded config"] if not isinstance(saved, dict) else None
+  diff = diff or train_loop.config_differences(saved.get("config", {}), record)
+  if diff:
+    diff = [d.replace("in the checkpoint", "then") for d in diff]
+    raise config_check.ConfigError(
+      f"{path} holds σ rows measured under another config: {'; '.join(diff[:6])}. Rerun with "
+      "the same values, add --config.diversity.restart=True to measure every σ again, or use "
+      "a new workdir."
+    )
+  return {r["sigma"]: r for r in saved["rows"]}
+
+
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="calibrate"`: the table of the module docstring; returns its path and σ, or
   {"stopped": True} after a SIGTERM (the σ measured so far are kept for the rerun)."""
   config_check.validate(config)
   d = config.diversity
+  out_dir = os.path.join(workdir, "calibration")
+  partial = os.path.join(out_dir, "rows.partial.json")  # the σ measured before a stop
+  record = study_stages.fields(config, "calibration")
+  done = _partial_rows(partial, record, bool(d.restart))  # refused before anything is written
   examples = list(run_data.load_examples(config.data, "data", limit=int(d.limit)))  # files first
   reward = run_data.load_reward(config.data, run_data.reward_name(config.data), examples)
   model, tokenizer = model_io.load_model(config.model, seed=config.seed)
@@ -254,33 +322,33 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   base = base_answers(source, examples, score, int(config.es.max_new_tokens))
   params32 = models.cast_params(source["params"], jnp.float32)
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0xCA1)
-  out_dir = os.path.join(workdir, "calibration")
   os.makedirs(out_dir, exist_ok=True)
-  partial = os.path.join(out_dir, "rows.partial.json")  # the σ measured before a stop
-  done = {}
-  if os.path.exists(partial):
-    with open(partial) as f:
-      done = {r["sigma"]: r for r in json.load(f)}
-  rows = []
-  for j, sigma in enumerate(float(s) for s in d.sigmas):
-    if sigma not in done:
-      if preemption.preempted():  # SIGTERM: a rerun measures the σ not yet in `partial`
-        return {"stopped": True}
-      key_j = jax.random.fold_in(key, j)
-      done[sigma] = measure_sigma(config, source, params32, base, examples, score, sigma, key_j)
-      eval_results.write_json(partial, list(done.values()))
-    rows.append(done[sigma])
+  grid, left = [float(s) for s in d.sigmas], int(d.extensions)
+  while True:
+    for j, sigma in enumerate(grid):  # j keys σ's samples: an extended σ gets a new one
+      if sigma not in done:
+        if preemption.preempted():  # SIGTERM: a rerun measures the σ not yet in `partial`
+          return {"stopped": True}
+        key_j = jax.random.fold_in(key, j)
+        done[sigma] = measure_sigma(config, source, params32, base, examples, score, sigma, key_j)
+        eval_results.write_json(partial, {"config": record, "rows": list(done.values())})
+    rows = sorted((done[s] for s in grid), key=lambda r: r["sigma"])
+    extra = extension(rows, float(d.min_changed), float(d.fitness_tolerance)) if left else None
+    if extra is None:
+      break
+    log.info("calibrate: extending the σ grid with %g (%d extensions left)", extra, left - 1)
+    grid, left = [*grid, extra], left - 1
   dtype = source["model_config"].jnp_dtype
   for row in rows:  # survival is never cached: a rerun over finished σ rebuilds the table
     spec = diversity.Study(_with_sigma(config, row["sigma"]), source).spec
     row.update(survival(params32, dtype, source["step_key"], row["sigma"], spec))
   sigma, note = recommend(rows, float(d.min_changed), float(d.fitness_tolerance))
+  wide = None if sigma is None else wide_sigma(rows, sigma)
   base_fitness = float(base["rewards"].mean())
-  eval_results.write_json(
-    os.path.join(out_dir, "table.json"),
-    {"recommended_sigma": sigma, "note": note, "base_fitness": base_fitness, "rows": rows},
-  )
+  table = {"recommended_sigma": sigma, "wide_sigma": wide, "note": note}
+  table.update(base_fitness=base_fitness, grid=grid, config=record, rows=rows)
+  eval_results.write_json(os.path.join(out_dir, "table.json"), table)
   path = os.path.join(out_dir, "table.md")
-  eval_results.write_text(path, markdown(rows, note, config, base_fitness))
+  eval_results.write_text(path, markdown(rows, note, config, base_fitness, wide))
   print(open(path).read())
-  return {"report": path, "recommended_sigma": sigma}
+  return {"report": path, "recommended_sigma": sigma, "wide_sigma": wide}

@@ -221,11 +221,20 @@ def _study_rules(choices) -> dict[str, Rule]:
     "diversity.sigmas": positives,
     "diversity.min_changed": PROBABILITY,
     "diversity.fitness_tolerance": NON_NEGATIVE,
+    "diversity.extensions": integer(0),
+    "diversity.restart": boolean,
     "fair.calibrate": boolean,
     "fair.alpha_ratios": positives,
     "fair.grpo_lrs": positives,
     "fair.pilot_steps": integer(1),
     "fair.diversity": boolean,
+    "fair.redo": lambda x: None if x == "" else comma_list(choices.FAIR_STAGES)(x),
+    "fair.design": one_of((1, 2)),
+    "fair.extensions": integer(0),
+    "fair.sampled_temperature": POSITIVE,
+    "fair.second_seed": integer(0),
+    "fair.extend_steps": integer(1),
+    "fair.preregistration": text(),
   }
 
 

@@ -4,7 +4,11 @@ rates, a null-ES control, and an evaluation large enough to see Pass@k differenc
     python -m experiments.main --config experiments/configs/fair_study.py --workdir runs/fair_study
 
 Stages, each written into the workdir and skipped when a rerun finds it finished (a stopped
-stage resumes from its checkpoint):
+stage resumes from its checkpoint). Each records the config it ran under (stage_config.json,
+experiments.study_stages): a rerun under other values is refused in one line before any stage
+runs; `fair.redo` starts named stages (and every later one) over. The calibration and pilots live
+in experiments.study_tuning; `fair.design=2` replaces runs/ onward by study v2's arms
+(experiments.study_v2):
 
   calibration/   `method=calibrate` at the base model; σ = its recommended σ (`fair.calibrate`;
                  False keeps config.es.sigma)
@@ -26,7 +30,6 @@ stage resumes from its checkpoint):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from typing import Any
@@ -37,7 +40,6 @@ import numpy as np
 
 from es_jax import metrics, models, preemption
 from experiments import (
-  calibration,
   config_check,
   demo,
   diversity,
@@ -46,95 +48,16 @@ from experiments import (
   model_io,
   plots,
   report,
-  report_curves,
-  report_runs,
   sparsity,
+  study_signal,
+  study_stages,
+  study_tuning,
+  study_v2,
 )
-from experiments.logger import read_metrics, write_run_files
+from experiments.configs.choices import FAIR_STAGES
+from experiments.logger import write_run_files
 
 log = logging.getLogger(__name__)
-
-
-def _sub(config: ml_collections.ConfigDict, **updates: Any) -> ml_collections.ConfigDict:
-  """A locked copy of `config` with dotted-field `updates` ("es.sigma": 0.01, ...)."""
-  sub = ml_collections.ConfigDict(config.to_dict())
-  for field, value in updates.items():
-    group, _, name = field.rpartition(".")
-    (sub[group] if group else sub)[name] = value
-  sub.lock()
-  return sub
-
-
-def calibrated_sigma(config: ml_collections.ConfigDict, workdir: str) -> float | None:
-  """σ from the calibration stage (run here unless finished), or config.es.sigma; None when a
-  SIGTERM stopped the calibration (a rerun measures the σ it had not finished)."""
-  if not config.fair.calibrate:
-    return float(config.es.sigma)
-  out = os.path.join(workdir, "calibration")
-  table = os.path.join(out, "calibration", "table.json")
-  if not os.path.exists(table):
-    sub = _sub(config, method="calibrate")
-    write_run_files(out, sub)
-    if calibration.run(sub, out).get("stopped"):
-      return None
-  with open(table) as f:
-    sigma = json.load(f)["recommended_sigma"]
-  config_check.check(
-    sigma is not None,
-    "fair.calibrate",
-    True,
-    f"no σ of diversity.sigmas met the calibration rule ({table}); widen the grid or set "
-    "fair.calibrate=False with es.sigma",
-  )
-  return float(sigma)
-
-
-def pilot_score(run_dir: str) -> float:
-  """Mean training reward over the last half of a pilot's steps."""
-  rows = [r for r in read_metrics(run_dir) if r.get("step", 0) > 0 and "train/reward" in r]
-  config_check.check(bool(rows), "fair.pilot_steps", run_dir, "the pilot logged no reward")
-  rewards = [r["train/reward"] for r in sorted(rows, key=lambda r: r["step"])]
-  return float(np.mean(rewards[len(rewards) // 2 :]))
-
-
-def run_pilots(config: ml_collections.ConfigDict, workdir: str, sigma: float) -> dict[str, Any]:
-  """The pilots of the module docstring; {"alpha", "grpo_lr", "rows"} (cached in choice.json)."""
-  out = os.path.join(workdir, "pilots")
-  choice_path = os.path.join(out, "choice.json")
-  if os.path.exists(choice_path):
-    with open(choice_path) as f:
-      return json.load(f)
-  f = config.fair
-  steps = config_check.positive_int(f.pilot_steps, "fair.pilot_steps")
-  common = {"eval.final": False, "eval.every": 0, "export_hf": False, "checkpoint.keep": 1}
-  candidates = [
-    ("es", "es.learning_rate", r * sigma, f"es_alpha{r:g}sigma") for r in f.alpha_ratios
-  ]
-  candidates += [("grpo", "grpo.learning_rate", lr, f"grpo_lr{lr:g}") for lr in f.grpo_lrs]
-  rows = []
-  for method, field, value, name in candidates:
-    run_dir = os.path.join(out, name)
-    if not os.path.exists(os.path.join(run_dir, "DONE")):
-      log.info("fair study: pilot %s (%s = %g, %d steps)", name, field, value, steps)
-      sub = _sub(
-        config,
-        method=method,
-        **{field: value, f"{method}.num_steps": steps, "es.sigma": sigma},
-        **common,
-      )
-      result = demo.RUNS[method][1](sub, run_dir)
-      if result.get("stopped"):
-        return {"stopped": True}
-    rows.append(
-      {"method": method, "field": field, "value": value, "run": name, "score": pilot_score(run_dir)}
-    )
-  best = {}
-  for method in ("es", "grpo"):
-    mine = [r for r in rows if r["method"] == method]
-    best[method] = max(mine, key=lambda r: r["score"])["value"]  # max keeps the first of ties
-  choice = {"alpha": best["es"], "grpo_lr": best["grpo"], "sigma": sigma, "rows": rows}
-  eval_results.write_json(choice_path, choice)
-  return choice
 
 
 def drift_section(config, workdir: str, runs_dir: str, names: list[str]) -> list[str]:
@@ -205,95 +128,25 @@ def drift_section(config, workdir: str, runs_dir: str, names: list[str]) -> list
   return lines
 
 
-def _step_rewards(run_dir: str) -> dict[int, float]:
-  """{step: training reward} of a run, as the report's reward curves read it."""
-  steps, values = report_curves.reward_series(report_runs.load_run(run_dir)) or ([], [])
-  return dict(zip(steps, values, strict=True))
-
-
-def signal_section(runs_dir: str, names: list[str]) -> list[str]:
-  """ES against each ES-type control (the null run) on the same training batches: the members'
-  mean fitness per step, ES minus control (same data order, same noise; step 1 is the same
-  model, hence Δ = 0), as markdown lines; [] without ES and a control."""
-  if "es" not in names or len(names) < 2:
-    return []
-  es = _step_rewards(os.path.join(runs_dir, "es"))
-  head = ["ES − control", "steps", "ES mean", "control mean", "Δ all steps", "Δ last half"]
-  head.append("ES >/=/< (last half)")
-  lines = [
-    "## Training signal: ES against the null control on the same batches",
-    "",
-    *eval_results.markdown_header(head),
-  ]
-  for name in [n for n in names if n != "es"]:
-    other = _step_rewards(os.path.join(runs_dir, name))
-    steps = sorted(set(es) & set(other))
-    if not steps:
-      continue
-    d = np.array([es[t] - other[t] for t in steps])
-    late = d[len(d) // 2 :]
-    cells = [
-      f"ES − {demo.LABELS[name]}",
-      f"{steps[0]}..{steps[-1]}",
-      f"{np.mean([es[t] for t in steps]):.4f}",
-      f"{np.mean([other[t] for t in steps]):.4f}",
-      *[f"{x.mean():+.4f} ± {report_runs.standard_error(x):.4f}" for x in (d, late)],
-      f"{int((late > 0).sum())}/{int((late == 0).sum())}/{int((late < 0).sum())}",
-    ]
-    lines.append(eval_results.markdown_row(cells))
-  lines += [
-    "",
-    "Per step: the members' mean greedy fitness on that step's training batch (metrics.jsonl "
-    "train/reward). ± is the standard error over steps treating them as independent; the steps "
-    "of one run are correlated (each model follows from the last), so it understates the "
-    "uncertainty. The held-out evaluation above is the test; this says whether ES's own "
-    "training reward rose above the drift-matched control's.",
-    "",
-  ]
-  return lines
-
-
-def intro_lines(workdir: str, choice: dict[str, Any]) -> list[str]:
-  """The calibration table and the pilots' choice, as markdown lines for the report's top."""
-  lines = []
-  cal = os.path.join(workdir, "calibration", "calibration", "table.md")
-  if os.path.exists(cal):
-    with open(cal) as f:
-      body = f.read().split("\n", 2)[2]  # without its "# σ calibration" heading
-    lines += ["## σ calibration (no learning)", "", body.strip(), ""]
-  head = ["pilot", "method", "value", "mean training reward, last half"]
-  lines += [
-    "## Tuning: the pilots (equal budget for ES and GRPO)",
-    "",
-    *eval_results.markdown_header(head),
-  ]
-  for r in choice["rows"]:
-    lines.append(
-      eval_results.markdown_row(
-        [r["run"], r["method"], f"{r['field']} = {r['value']:.3g}", f"{r['score']:.4f}"]
-      )
-    )
-  lines += [
-    "",
-    f"Chosen: σ = {choice['sigma']:g}, ES α = {choice['alpha']:.3g}, GRPO lr = "
-    f"{choice['grpo_lr']:.3g} (highest mean training reward; ties: the first listed).",
-    "",
-  ]
-  return lines
-
-
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="fair_study"`: the stages of the module docstring; returns {"report": path}."""
   config_check.validate(config)
   eval_data.load_eval_tasks(config)  # disjoint evaluation problems, refused before any stage
+  off = {"calibration": not config.fair.calibrate, "diversity": not config.fair.diversity}
+  stages = [s for s in FAIR_STAGES if not off.get(s)]
+  records = {s: study_stages.fields(config, s) for s in stages}
+  redo = study_stages.redo_list(config)
+  study_stages.check_all(workdir, records, redo)  # before any stage runs: a refusal writes nothing
   with preemption.sigterm_scope():
-    sigma = calibrated_sigma(config, workdir)
+    sigma = study_tuning.calibrated_sigma(config, workdir, records, redo)
     if sigma is None:
       return {"stopped": True}
-    choice = run_pilots(config, workdir, sigma)
+    choice = study_tuning.run_pilots(config, workdir, sigma, records, redo)
     if choice.get("stopped") or preemption.preempted():
       return {"stopped": True}
-    tuned = _sub(
+    if int(config.fair.design) == 2:
+      return study_v2.run(config, workdir, choice, records, redo)
+    tuned = study_tuning.sub_config(
       config,
       method="demo",
       **{
@@ -302,19 +155,24 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         "grpo.learning_rate": choice["grpo_lr"],
       },
     )
-    runs_dir = os.path.join(workdir, "runs")
+    runs_dir = study_stages.start(workdir, "runs", records["runs"], redo)
     result = demo.run(tuned, runs_dir)
     if result.get("stopped"):
       return {"stopped": True}
     div_dir = os.path.join(workdir, "diversity")
     if config.fair.diversity:
-      sub = _sub(tuned, method="diversity", **{"diversity.run": os.path.join(runs_dir, "es")})
+      study_stages.start(workdir, "diversity", records["diversity"], redo)
+      sub = study_tuning.sub_config(
+        tuned, method="diversity", **{"diversity.run": os.path.join(runs_dir, "es")}
+      )
       write_run_files(div_dir, sub)  # config.json: the report finds the run it measured
       if not os.path.exists(os.path.join(div_dir, "diversity", "table.json")):
         diversity.run(sub, div_dir)
     names = [n.strip() for n in str(config.demo.runs).split(",") if n.strip()]
     es_runs = [n for n in names if demo.RUNS[n][0] == "es"]
-    intro = intro_lines(workdir, choice) + signal_section(runs_dir, es_runs)
+    intro = study_tuning.intro_lines(workdir, choice) + study_signal.signal_section(
+      runs_dir, es_runs
+    )
     intro += drift_section(tuned, workdir, runs_dir, es_runs)
     dirs = [os.path.join(runs_dir, n) for n in ["base", *names]]
     if config.fair.diversity:

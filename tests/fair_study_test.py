@@ -12,7 +12,7 @@ import pytest
 from run_configs import checkpoint_params, smoke_config
 
 from es_jax import es, metrics, noise
-from experiments import calibration, fair_study
+from experiments import calibration, fair_study, study_signal
 from experiments.configs import fair_study as fair_config
 from experiments.logger import read_metrics
 
@@ -61,7 +61,7 @@ def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
     rows = [{"step": 0}] + [{"step": i + 1, "train/reward": v} for i, v in enumerate(values)]
     os.makedirs(tmp_path / name)
     (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-  lines = fair_study.signal_section(str(tmp_path), ["es", "es_null"])
+  lines = study_signal.signal_section(str(tmp_path), ["es", "es_null"])
   (row,) = [ln for ln in lines if ln.startswith("| ES − ES null")]
   cells = [c.strip() for c in row.strip("|").split("|")]
   # Δ per step: 0, 0.25, 0.25, 0; last half (steps 3, 4): 0.25, 0.
@@ -70,7 +70,7 @@ def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
   assert cells[4] == f"+{d.mean():.4f} ± {d.std(ddof=1) / 2:.4f}"
   assert cells[5] == f"+{late.mean():.4f} ± {late.std(ddof=1) / np.sqrt(2):.4f}"
   assert cells[6] == "1/1/0"
-  assert fair_study.signal_section(str(tmp_path), ["es"]) == []
+  assert study_signal.signal_section(str(tmp_path), ["es"]) == []
 
 
 def test_fair_study_smoke_end_to_end(tmp_path):
@@ -122,6 +122,14 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   js_row = next(ln for ln in report.splitlines() if ln.startswith("| ES | ") and "±" in ln)
   assert "[" in js_row  # the diversity study's JS_succ interval is attached to the ES row
   assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")
+  # A rerun under the same config reuses every stage (each recorded its config).
+  for stage in ("calibration", "pilots", "runs", "diversity"):
+    assert os.path.exists(tmp_path / stage / "stage_config.json")
+  kept = {
+    p: os.path.getmtime(p) for p in (runs / "es" / "DONE", tmp_path / "pilots" / "choice.json")
+  }
+  assert fair_study.run(config, str(tmp_path))["stopped"] is False
+  assert {p: os.path.getmtime(p) for p in kept} == kept
 
 
 def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, monkeypatch):
@@ -140,7 +148,7 @@ def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, m
   assert calibration.run(config, str(tmp_path)) == {"stopped": True}
   first = config.diversity.sigmas[0]
   assert measured == [first]
-  partial = json.load(open(tmp_path / "calibration" / "rows.partial.json"))
+  partial = json.load(open(tmp_path / "calibration" / "rows.partial.json"))["rows"]
   monkeypatch.setattr(calibration.preemption, "preempted", lambda: False)
   result = calibration.run(config, str(tmp_path))
   assert measured == list(config.diversity.sigmas)  # the rerun measured only the missing σ

@@ -117,13 +117,27 @@ def base_config() -> ml_collections.ConfigDict:
   # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
   # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
   # at the chosen values, the diversity study of the final ES model (diversity) and the drift
-  # and sparsity of the ES-type runs against the null-walk prediction.
+  # and sparsity of the ES-type runs against the null-walk prediction. redo: stages to start
+  # over, comma-separated (calibration, pilots, runs, diversity; each later stage is redone too);
+  # a stage measured under another config is refused, naming the fields. design=2 (study v2,
+  # experiments/study_v2.py): pilot grids extended (extensions times, x3 beyond the edge) until
+  # each winner is interior; ES arms at the calibrated σ, at a wider σ with measurable JS_succ
+  # and with sampled fitness (sampled_temperature); a second seed (second_seed) for the best ES
+  # arm and GRPO; arms that move sampled Pass@1 rerun with their null for extend_steps steps;
+  # preregistration: the commit of the pre-registration the report names.
   c.fair = dict(
     calibrate=True,
     alpha_ratios=(0.5, 0.25, 1.0),
     grpo_lrs=(1e-5, 3e-6, 3e-5),
     pilot_steps=6,
     diversity=True,
+    redo="",
+    design=1,
+    extensions=2,
+    sampled_temperature=0.6,
+    second_seed=1,
+    extend_steps=100,
+    preregistration="",
   )
   # method="report": a report across runs, read from their files (experiments/report.py).
   # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
@@ -302,7 +316,10 @@ def _diversity() -> dict:
   # checkpoints: the study at every checkpoint of `run` (JS_succ beside the Pass@n gain).
   # method="calibrate" (docs/method.md §6.1): the population around the base model for each of
   # `sigmas` on the first `limit` training problems; recommends the smallest σ with at least
-  # `min_changed` of greedy completions changed and mean fitness >= base - `fitness_tolerance`.
+  # `min_changed` of greedy completions changed and mean fitness >= base - `fitness_tolerance`,
+  # extending the grid (x3 beyond an edge, at most `extensions` times) until that σ is interior
+  # and a larger σ has JS_succ above zero; restart: measure every σ again (rows of a stopped
+  # calibration under another config are refused, never reused).
   return dict(
     run="",
     step=-1,
@@ -322,6 +339,8 @@ def _diversity() -> dict:
     sigmas=(1e-3, 3e-3, 1e-2, 3e-2),
     min_changed=0.1,
     fitness_tolerance=0.05,
+    extensions=3,
+    restart=False,
   )
 
 

@@ -49,3 +49,7 @@ DIVERSITY_KINDS = {
   "group": "GRPO group (one policy)",
   "control": "ES at σ = 0",
 }
+
+# The stages of method=fair_study, in order; `fair.redo` names those to start over (each later
+# stage is redone with them): experiments/study_stages.py.
+FAIR_STAGES = ("calibration", "pilots", "runs", "diversity")

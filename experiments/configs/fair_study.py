@@ -73,6 +73,7 @@ def get_config(variant: str | None = None):
   # One call per member for all 16 problems x 8 samples (128 rows): a member's perturbation is
   # built once per σ, not once per prompt block.
   c.diversity.update(limit=16, num_samples=8, prompts_per_call=16, pol_prompts=2, pol_samples=2)
+  c.diversity.extensions = 0  # v1's rule as measured: the grid as listed (study v2 extends it)
   c.checkpoint.update(every=5, keep=2)
   if variant == "smoke":
     smoke(c, preset="tiny-llama", data=None, eval_data=None)
