@@ -21,6 +21,7 @@ VARIANTS = {
   "demo": [None, "smoke"],
   "custom": [None, "smoke"],
   "fair_study": [None, "smoke"],
+  "fair_study_v2": [None, "smoke", "candidate_a", "candidate_b", "candidate_c"],
   "coverage_study": [None, "smoke", "zscore", "coverage", "zscore_smoke", "coverage_smoke"],
   "gsm8k_easy": [None, "smoke", "sweep", "forgetting", *EASY_MODELS],
   "deepscaler_hard": [None, "smoke", "forgetting"],
