@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from es_jax.metrics import maj_at_k, pass_at_k
 from experiments import plots
+from experiments.config_errors import ConfigError
 
 log = logging.getLogger(__name__)
 TABLE_MD, TABLE_JSON, PASS_AT_K_PNG = "table.md", "table.json", "pass_at_k.png"
@@ -65,6 +67,11 @@ def read_records(path: str, *, repair: bool = False) -> list[dict]:
   return records
 
 
+def file_stem(out_dir: str, label: str) -> str:
+  """The path (without suffix) of task `label`'s files in `out_dir`: <stem>.jsonl, .meta.json."""
+  return os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
+
+
 def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> dict[int, dict]:
   """Checks (or writes) the settings file next to a jsonl; returns its records by problem index.
 
@@ -75,7 +82,8 @@ def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> 
     resume: False deletes both files first.
 
   Raises:
-    ValueError: the saved settings differ, or a jsonl exists without its settings file.
+    ConfigError: the saved settings differ (one line).
+    ValueError: a jsonl exists without its settings file.
   """
   if not resume:
     for p in (path, meta_path):
@@ -87,9 +95,9 @@ def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> 
     diff = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
     if diff:
       changes = ", ".join(f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in diff)
-      raise ValueError(
-        f"{meta_path}: the saved evaluation used other settings ({changes}); use a new out_dir, "
-        "or resume=False to start this task over."
+      raise ConfigError(
+        f"{meta_path}: the saved evaluation used other settings ({changes}); rerun with the "
+        "saved values, or add --config.eval.restart=True to start it over."
       )
   else:
     if os.path.exists(path) and os.path.getsize(path):

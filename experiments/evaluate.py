@@ -37,7 +37,6 @@ import functools
 import json
 import logging
 import os
-import re
 import sys
 import time
 import zlib
@@ -52,6 +51,7 @@ import tqdm
 from es_jax import data, models, preemption, rewards, sampling, sharding
 from experiments import config_check, eval_results, eval_sampler, model_io, run_data, samples_log
 from experiments.config_check import check, positive_int
+from experiments.eval_resume import prepare as prepare_resume
 from experiments.eval_tasks import EvalSettings, TaskSpec, eval_section, extra_eval_tasks
 from experiments.logger import format_seconds, progress_marks, write_run_files
 
@@ -108,7 +108,7 @@ def evaluate_model(
   if eos_ids is None:
     eos_ids = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
   pad_id = sampling.pad_id(tokenizer)
-  meta = _meta(task, settings, eos_ids, pad_id, key, run_info)
+  meta = task_meta(task, settings, eos_ids, pad_id, key, run_info)
   prompt_fn = task.prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
   records, stem = _open_records(out_dir, label, meta, settings.resume, examples)
   writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
@@ -145,7 +145,7 @@ def evaluate_model(
   return _summary(task, settings, records, scorer, seconds, out_dir if writer else None)
 
 
-def _meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
+def task_meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
   """The sampling settings of `<label>.meta.json`; a resume with other values is refused."""
   return {
     "label": task.label,
@@ -176,7 +176,7 @@ def _open_records(
   records: dict[int, dict] = {}
   if out_dir is None:
     return records, None
-  stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
+  stem = eval_results.file_stem(out_dir, label)
   jsonl = stem + ".jsonl"
   writer = sharding.is_primary()
   if writer:
@@ -190,7 +190,7 @@ def _open_records(
     if r["id"] != eval_results.example_id(examples[i], i):
       raise ValueError(
         f"{jsonl}: problem {i} has id {r['id']!r} but the examples give "
-        f"{examples[i].get('id')!r}; the task's data changed: use a new out_dir or resume=False."
+        f"{examples[i].get('id')!r}; the task's data changed: add --config.eval.restart=True."
       )
   return records, stem
 
@@ -350,7 +350,7 @@ class Evaluator:
     # training): held-out tasks for forgetting, or several benchmarks averaged (macro).
     self.extra = extra_eval_tasks(section, taken={self.label})
 
-  def _settings(self, num_samples: int) -> EvalSettings:
+  def settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
     return EvalSettings(
       num_samples=num_samples,
@@ -381,7 +381,7 @@ class Evaluator:
       model_config,
       self.tokenizer,
       TaskSpec(self.label, self.task, examples),
-      self._settings(n),
+      self.settings(n),
       key=self.key,
     )
     return flat_summary(summary, prefix="eval/")
@@ -397,7 +397,7 @@ class Evaluator:
     """
     n = int(self.config.num_samples)
     settings = dataclasses.replace(
-      self._settings(n), log_progress=True, keep_samples=int(self.config.keep_samples)
+      self.settings(n), log_progress=True, keep_samples=int(self.config.keep_samples)
     )
     return evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
@@ -434,7 +434,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
     evaluator = Evaluator(config, tokenizer, run_data.run_keys(config.seed))
-    write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+    prepare_resume(evaluator, os.path.join(workdir, "eval"), restart=config.eval.restart)
+    write_run_files(workdir, config)  # config.json and versions.json, after the checks
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
     if preemption.preempted():
       return stopped_result("nothing evaluated yet")

@@ -18,6 +18,7 @@ import numpy as np
 
 from es_jax.metrics import maj_at_k, pass_at_k
 from experiments import eval_results
+from experiments.config_errors import ConfigError
 from experiments.logger import METRICS_FILE, read_metrics
 
 METHOD_LABELS = {"es": "ES", "grpo": "GRPO", "evaluate": "base"}
@@ -64,14 +65,14 @@ def expand(workdirs: Sequence[str]) -> list[str]:
   out = []
   for w in workdirs:
     if not os.path.isdir(w):
-      raise ValueError(f"config.report.workdirs: {w!r} is not a directory.")
+      raise ConfigError(f"config.report.workdirs: {w!r} is not a directory.")
     if _is_run(w) or _stage_of(w):
       out.append(w)
       continue
     subs = [s for s in os.listdir(w) if os.path.isdir(os.path.join(w, s))]
     subs = [s for s in subs if _is_run(os.path.join(w, s))]
     if not subs:
-      raise ValueError(
+      raise ConfigError(
         f"config.report.workdirs: {w!r} holds no run (no eval/, {METRICS_FILE} or config.json, "
         "in it or in a subdirectory)."
       )
@@ -162,13 +163,13 @@ def names_by_path(names: list[str], paths: list[str]) -> list[str | None]:
   pairs = [n for n in names if "=" in n]
   if not pairs:
     if names and len(names) != len(paths):
-      raise ValueError(
+      raise ConfigError(
         f"config.report.names: {len(names)} names for {len(paths)} runs ({', '.join(paths)}); "
         "give one name per run, or dir=label pairs, or none."
       )
     return list(names) or [None] * len(paths)
   if len(pairs) != len(names):
-    raise ValueError(
+    raise ConfigError(
       f"config.report.names: {names} mixes labels and dir=label pairs; use one form."
     )
   out: list[str | None] = [None] * len(paths)
@@ -182,7 +183,7 @@ def names_by_path(names: list[str], paths: list[str]) -> list[str | None]:
     if len(hits) != 1 or not label:
       found = [os.path.basename(os.path.normpath(p)) for p in paths]
       why = "an empty label" if not label else f"{len(hits)} runs match {key!r}"
-      raise ValueError(f"config.report.names: {pair!r}: {why}; the runs are {found}.")
+      raise ConfigError(f"config.report.names: {pair!r}: {why}; the runs are {found}.")
     out[hits[0]] = label
   return out
 

@@ -120,8 +120,8 @@ def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
   config = demo_config.get_config()  # ks (1, 2, 4, 8), periodic n = 4
   evaluator = object.__new__(evaluate.Evaluator)
   evaluator.config, evaluator.key, evaluator.layout = config.eval, None, {}
-  assert evaluator._settings(4).ks == (1, 2, 4)
-  assert evaluator._settings(8).ks == (1, 2, 4, 8)
+  assert evaluator.settings(4).ks == (1, 2, 4)
+  assert evaluator.settings(8).ks == (1, 2, 4, 8)
 
 
 def test_make_context_validates_before_loading(monkeypatch):
