@@ -260,7 +260,8 @@ class _Progress:
 def _summary(task, settings, records, scorer, seconds, out_dir) -> dict[str, Any]:
   """`evaluate_model`'s result; with out_dir and `settings.report`, the task's report too."""
   ordered = [records[i] for i in sorted(records)]
-  summary = eval_results.summarize(ordered, ks=settings.ks)
+  votes = task.answer_fn is not None or eval_results.has_votes(task.task)
+  summary = eval_results.summarize(ordered, ks=settings.ks, votes=votes)
   if out_dir is not None and settings.report:
     eval_results.write_report({task.label: summary}, out_dir)
   timing = {

@@ -214,7 +214,8 @@ def _load_eval(run: Run, eval_dir: str) -> None:
     ks = sorted(int(k.split("@")[1]) for k in saved if k.startswith("pass@"))
     meta_path = os.path.join(eval_dir, stem(label) + ".meta.json")
     meta = _read_json(meta_path) if os.path.exists(meta_path) else {}
-    run.tasks[label] = {**task_metrics(records, ks), "meta": meta}
+    votes = eval_results.has_votes(meta.get("task"))
+    run.tasks[label] = {**task_metrics(records, ks, votes=votes), "meta": meta}
     run.per_problem[label] = per_problem_values(records, ks)
   timing = eval_results.read_timing(eval_dir)
   run.eval_seconds = sum(timing.values()) if timing else None
@@ -237,17 +238,21 @@ def per_problem_values(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> 
   return out
 
 
-def task_metrics(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
-  """The summary of `eval_results.summarize` plus "<metric>_se" standard errors over problems."""
-  out = eval_results.summarize(records, ks=ks)
+def task_metrics(
+  records: Sequence[dict[str, Any]], ks: Sequence[int], votes: bool = True
+) -> dict[str, Any]:
+  """The summary of `eval_results.summarize` (`votes`: as there) plus "<metric>_se" standard
+  errors over problems."""
+  out = eval_results.summarize(records, ks=ks, votes=votes)
   n = np.array([r["n"] for r in records], np.int64)
   c = np.array([r["c"] for r in records], np.int64)
   if "greedy" in out:
     out["greedy_se"] = standard_error(np.array([float(r["greedy_correct"]) for r in records]))
   for k in eval_results.usable_ks(ks, int(n.min())):
     out[f"pass@{k}_se"] = standard_error(np.asarray(pass_at_k(n, c, k), np.float64))
-    votes = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
-    out[f"maj@{k}_se"] = standard_error(np.asarray(votes, np.float64))
+    if votes:
+      majority = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
+      out[f"maj@{k}_se"] = standard_error(np.asarray(majority, np.float64))
   tokens = np.array([r["num_tokens"] for r in records], np.float64)
   ent = np.array([r["mean_entropy"] for r in records], np.float64)
   m = len(records)

@@ -256,9 +256,11 @@ class Loop:
     self.logger.log(self.stage.offset + step, values, stage=self.stage.label)
 
   def log_samples(self, step: int, rows) -> None:
-    """A few completions of local `step` into samples.jsonl when due (`rows(count)` makes them,
-    called only then; experiments.samples_log). Call before `end_step`, which checkpoints it."""
-    self.samples.log(self.stage.offset + step, rows, stage=self.stage.label)
+    """A few completions of local `step` into samples.jsonl when due, and at the stage's first and
+    last step (`rows(count)` makes them, called only then; experiments.samples_log). Call before
+    `end_step`, which checkpoints it."""
+    edge = step in (1, self.stage.num_steps)
+    self.samples.log(self.stage.offset + step, rows, stage=self.stage.label, edge=edge)
 
   def steps(self):
     """Local steps start+1 .. num_steps; none after a SIGTERM. A SIGTERM during the last step

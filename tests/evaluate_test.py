@@ -413,6 +413,18 @@ def test_metric_plot_ticks_are_whole_steps_values_plain_and_stages_marked():
   assert legend == ["GRPO→ES", "GRPO→ES: stage switch"]  # the boundary is in the legend
 
 
+def test_flat_series_draws_flat_and_a_moving_one_keeps_its_range():
+  """0.15625 at both steps (and float32 noise around it) spans at least MIN_Y_SPAN: no zoom
+  into noise; a real change keeps matplotlib's own range."""
+  for values in ([0.15625, 0.15625], [0.15625, 0.15625 + 3e-8]):
+    fig = plots.metric_figure({"ES": ([1, 2], values)}, ylabel="r")
+    lo, hi = fig.axes[0].get_ylim()
+    assert hi - lo >= plots.MIN_Y_SPAN * 0.999 and lo < 0.15625 < hi
+  fig = plots.metric_figure({"ES": ([1, 2], [0.1, 0.6])}, ylabel="r")
+  lo, hi = fig.axes[0].get_ylim()
+  assert lo <= 0.1 and 0.6 <= hi < 0.7  # unchanged: the data's own margins
+
+
 def test_reward_plot_smooths_with_a_debiased_ema_and_keeps_every_line_findable():
   """Raw values faint under a debiased EMA; coinciding curves differ in style and width."""
   np.testing.assert_allclose(plots.debiased_ema([2.0, 2.0, 2.0], 0.9), [2.0, 2.0, 2.0])

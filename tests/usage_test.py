@@ -159,3 +159,6 @@ def test_cpu_variant_trains_with_the_naming_overrides(tmp_path):
     assert step == 2 and set(params) == set(base)
     assert any(not np.allclose(params[k], base[k]) for k in base), f"{method}: weights never moved"
     assert (workdir / "DONE").exists()
+    # log_samples_every is 10: the first and the last step's completions are saved anyway.
+    lines = (workdir / "samples.jsonl").read_text().splitlines()
+    assert sorted({json.loads(ln)["step"] for ln in lines}) == [1, 2]

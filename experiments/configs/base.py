@@ -100,7 +100,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode = dict(kv_chunk=0, compactions=0)
   c.progress = True
   # Training completions for reading what the model wrote (experiments/samples_log.py): every
-  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
+  # `log_samples_every` steps and at each stage's first and last step (0 = never), `log_samples`
+  # of them with their rewards (ES: members
   # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
   # and TensorBoard text.
   c.log_samples_every = 10

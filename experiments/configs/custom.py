@@ -107,6 +107,5 @@ def cpu(c):
   c.sequential.update(total_steps=4, first_fraction=0.5)
   c.demo.runs = "es,grpo"  # base, ES and GRPO; add grpo_es,es_grpo for the sequential runs
   c.checkpoint.update(every=2, keep=2)
-  c.log_samples_every = 2
   c.mesh.pop = 1
   return c
