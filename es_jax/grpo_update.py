@@ -169,7 +169,8 @@ def update_step(
   Returns:
     (new state, metrics) with one entry per optimizer step ([B / M] float32 arrays): `loss`,
     `pg_loss`, `kl`, `ratio_mean`, `clip_frac`, `clip_frac_low`, `clip_frac_high`, `entropy`
-    (policy entropy on the completion tokens), `grad_norm` (before clipping), `num_tokens` and,
+    (policy entropy on the completion tokens), `grad_norm` (before clipping), `update_ratio`
+    (‖Δθ‖₂ / ‖θ‖₂ of the optimizer step), `num_tokens` and,
     for `make_optimizer`, `learning_rate`.
   """
   _check_batch(batch)
@@ -363,6 +364,9 @@ def _mini_step(carry, mini, *, grad_fn, optimizer, compute_dtype, layout):
   zeros = (jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params), zero_sums)
   (grads, sums), _ = jax.lax.scan(accumulate, zeros, mini)
   updates, new_opt_state = optimizer.update(grads, opt_state, params)
+  # ‖Δθ‖/‖θ‖ of this optimizer step (an overflowing update gives inf): the runners stop a run
+  # whose updates dwarf the weights.
+  update_ratio = optax.tree.norm(updates) / jnp.maximum(optax.tree.norm(params), 1e-30)
   # Float32 gradients would promote low-precision moments (master_dtype=None on a bf16 model);
   # the scan carry must keep its dtypes. A no-op for float32 masters.
   opt_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_opt_state, opt_state)
@@ -373,6 +377,7 @@ def _mini_step(carry, mini, *, grad_fn, optimizer, compute_dtype, layout):
     pg_loss=sums["pg_loss"],
     num_tokens=sums["num_tokens"],
     grad_norm=optax.tree.norm(grads),
+    update_ratio=update_ratio,
   )
   hyperparams = getattr(opt_state, "hyperparams", {})
   if "learning_rate" in hyperparams:

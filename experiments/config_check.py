@@ -73,6 +73,7 @@ def schema() -> dict[str, Rule]:
     "checkpoint.keep": integer(1),
     "checkpoint.async_save": boolean,
     "export_hf": boolean,
+    "max_update_ratio": NON_NEGATIVE,
     "mesh.pop": integer(0),
     "mesh.model": integer(1),
     "mesh.check_memory": boolean,
@@ -133,6 +134,7 @@ def _eval_rules() -> dict[str, Rule]:
     "eval.periodic_limit": integer(1),
     "eval.periodic_num_samples": integer(1),
     "eval.final": boolean,
+    "eval.restart": boolean,
     "eval.keep_samples": integer(0),
     "eval.extra_tasks": lambda x: None if isinstance(x, list | tuple) else "need a list",
   }

@@ -159,13 +159,18 @@ def _model_name(model) -> str:
 def write_report(config, workdir: str, names: list[str]) -> str:
   """report.md and its plots in `workdir` (experiments.report, from the runs' files); its path."""
   ev = config.eval
+  base = _table(os.path.join(workdir, "base")) or {}
+  problems = base.get("num_problems", ev.limit)  # what was evaluated, not the limit
+  source = (
+    f"`{ev.path or config.data.path}`" if ev.task == "file" else f"`{ev.task}` split `{ev.split}`"
+  )
   first, second = sequential.split_budget(
     config.sequential.total_steps, config.sequential.first_fraction
   )
   intro = [
     f"Model: {_model_name(config.model)}. Training task "
     f"`{config.data.task}` ({config.data.prompts_per_step} prompts per step); held-out "
-    f"evaluation on {ev.limit} problems of `{ev.task}` split `{ev.split}`: one greedy answer "
+    f"evaluation on {problems} problems of {source}: one greedy answer "
     f"and n = {ev.num_samples} samples at temperature {ev.temperature} per problem, "
     f"{ev.max_new_tokens} new tokens at most.",
     "",

@@ -37,7 +37,7 @@ from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
 from es_jax import metrics, models, noise, population, reference_arithmetic, sampling, sharding
 from es_jax.rewards import failure_metrics
-from experiments import config_check, run_context, run_data, samples_log, train_loop
+from experiments import config_check, run_context, run_data, run_guard, samples_log, train_loop
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +143,12 @@ def master_weights(params, master_dtype: str, compute_dtype) -> Any:
 
 @functools.partial(jax.jit, static_argnames=("rule",), donate_argnums=(0,))
 def _apply(state: dict[str, Any], fitness, step_key, learning_rate, *, rule: UpdateRule):
+  """(the updated state, ‖Δθ‖/‖θ‖ of the update: `run_guard.relative_norm`)."""
   params, opt_state = state["params"], state["opt_state"]
   optimizer = rule(learning_rate)
   updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=step_key)
-  return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+  ratio = run_guard.relative_norm(updates, params)
+  return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}, ratio
 
 
 @functools.partial(jax.jit, static_argnames=("shaping", "mode", "sharded"), donate_argnums=(0,))
@@ -154,13 +156,14 @@ def _in_place_apply(
   state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping, mode, sharded
 ):
   """es.arithmetic in `reference_arithmetic.MODES`: the members' in-place perturb/restore
-  residues, then that code's update, rounded as it rounds (es_jax.reference_arithmetic)."""
-  params = state["params"]
+  residues, then that code's update, rounded as it rounds (es_jax.reference_arithmetic).
+  Returns (the updated state, ‖Δθ‖/‖θ‖ of the step: `run_guard.relative_change`)."""
+  old = state["params"]
   n = fitness.shape[0]
-  params = reference_arithmetic.residue(params, step_key, n, sigma, mode=mode, sharded=sharded)
+  params = reference_arithmetic.residue(old, step_key, n, sigma, mode=mode, sharded=sharded)
   weights = fitness_lib.shape_fitness(fitness, population_size=n, shaping=shaping, key=step_key)
   params = reference_arithmetic.update(params, step_key, weights, alpha, mode=mode, sharded=sharded)
-  return {**state, "params": params}
+  return {**state, "params": params}, run_guard.relative_change(params, old)
 
 
 def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
@@ -224,10 +227,11 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
       sample_key=jax.random.fold_in(ctx.keys["sample"], g),
       share_sample_key=bool(cfg.share_sample_key),
     )
+    loop.check_rewards(step, stats.rewards)  # none finite: stop before the update
     shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
     if cfg.arithmetic in reference_arithmetic.MODES:
       sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
-      state = _in_place_apply(
+      state, ratio = _in_place_apply(
         state,
         shaped,
         step_key,
@@ -238,8 +242,9 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
         sharded=rule.sharded,
       )
     else:
-      state = _apply(state, shaped, step_key, learning_rate, rule=rule)
+      state, ratio = _apply(state, shaped, step_key, learning_rate, rule=rule)
     values = step_metrics(fitness, stats)
+    values[run_guard.UPDATE_RATIO] = float(ratio)  # checked by end_step (max_update_ratio)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.
     values["reward/non_finite"] = int(np.sum(~np.isfinite(stats.rewards)))
     values.update(failure_metrics())  # checks scored 0 on a timeout or crash
@@ -250,8 +255,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
       step, functools.partial(samples_log.es_rows, ctx.tokenizer, examples, fitness, stats)
     )
     loop.end_step(step, state, values, params=state["params"])
-  finished = loop.close()
-  return train_loop.StageResult(state["params"], finished)
+  return loop.result(state["params"])
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:

@@ -12,14 +12,17 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from es_jax import rewards
 from es_jax.metrics import maj_at_k, pass_at_k
 from experiments import plots
+from experiments.config_errors import ConfigError
 
 log = logging.getLogger(__name__)
 TABLE_MD, TABLE_JSON, PASS_AT_K_PNG = "table.md", "table.json", "pass_at_k.png"
@@ -65,6 +68,11 @@ def read_records(path: str, *, repair: bool = False) -> list[dict]:
   return records
 
 
+def file_stem(out_dir: str, label: str) -> str:
+  """The path (without suffix) of task `label`'s files in `out_dir`: <stem>.jsonl, .meta.json."""
+  return os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
+
+
 def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> dict[int, dict]:
   """Checks (or writes) the settings file next to a jsonl; returns its records by problem index.
 
@@ -75,7 +83,8 @@ def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> 
     resume: False deletes both files first.
 
   Raises:
-    ValueError: the saved settings differ, or a jsonl exists without its settings file.
+    ConfigError: the saved settings differ (one line).
+    ValueError: a jsonl exists without its settings file.
   """
   if not resume:
     for p in (path, meta_path):
@@ -87,9 +96,9 @@ def open_records(path: str, meta_path: str, settings: dict, *, resume: bool) -> 
     diff = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
     if diff:
       changes = ", ".join(f"{k}: {saved.get(k)!r} -> {settings.get(k)!r}" for k in diff)
-      raise ValueError(
-        f"{meta_path}: the saved evaluation used other settings ({changes}); use a new out_dir, "
-        "or resume=False to start this task over."
+      raise ConfigError(
+        f"{meta_path}: the saved evaluation used other settings ({changes}); rerun with the "
+        "saved values, or add --config.eval.restart=True to start it over."
       )
   else:
     if os.path.exists(path) and os.path.getsize(path):
@@ -191,8 +200,22 @@ def usable_ks(ks: Sequence[int], n: int) -> list[int]:
   return sorted({1, *(int(k) for k in ks if 1 <= int(k) <= n)})
 
 
-def summarize(records: Sequence[Mapping[str, Any]], *, ks: Sequence[int]) -> dict[str, Any]:
+def has_votes(task: str | None) -> bool:
+  """Whether the answers of task `task` (the name its samples are scored with) can vote: a
+  built-in task extracts a normalised answer; a user's reward ("file.py:function") has none, so
+  Maj@k is undefined there (None, shown "n/a"), not 0."""
+  return not rewards.is_user_reward(task or "")
+
+
+def summarize(
+  records: Sequence[Mapping[str, Any]], *, ks: Sequence[int], votes: bool = True
+) -> dict[str, Any]:
   """Task metrics from problem records: means over problems of the per-problem estimates.
+
+  Args:
+    records: the problems' records.
+    ks: the k of Pass@k and Maj@k.
+    votes: the answers can vote (`has_votes`); False: Maj@k is None (no gold answer to vote on).
 
   Returns:
     {"num_problems", "num_samples", "greedy" (if recorded), "pass@k" and "maj@k" for k in
@@ -212,8 +235,8 @@ def summarize(records: Sequence[Mapping[str, Any]], *, ks: Sequence[int]) -> dic
   for k in ks:
     out[f"pass@{k}"] = float(np.mean(pass_at_k(n, c, k)))
   for k in ks:
-    votes = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
-    out[f"maj@{k}"] = float(np.mean(votes))
+    majority = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records] if votes else []
+    out[f"maj@{k}"] = float(np.mean(majority)) if votes else None
   tokens = np.array([r["num_tokens"] for r in records], np.float64)
   entropy = np.array([r["mean_entropy"] for r in records], np.float64)
   out["mean_length"] = float(np.mean([r["mean_length"] for r in records]))
@@ -258,7 +281,7 @@ def _columns(summary: Mapping[str, Any]) -> list[str]:
 
 def _cell(column: str, value: Any) -> str:
   if value is None:
-    return "–"
+    return "n/a"
   if column == "num_problems":
     return str(int(value))
   if column == "mean_length":
@@ -318,8 +341,9 @@ def markdown_table(
   lines += [f"Problems: {problems_line(summaries)}.", ""] if problems_line(summaries) else []
   lines.append(
     f"Pass@k: unbiased estimator over n = {n} samples per problem; Maj@k: plurality vote of the "
-    "first k normalised answers; greedy: one temperature-0 sample. Length: generated tokens per "
-    "sample (EOS included); entropy: mean full-distribution entropy per generated token (nats)."
+    "first k normalised answers (n/a: a user's reward extracts no answer to vote on); greedy: "
+    "one temperature-0 sample. Length: generated tokens per sample (EOS included); entropy: "
+    "mean full-distribution entropy per generated token (nats)."
   )
   return "\n".join(lines) + "\n"
 

@@ -38,7 +38,6 @@ import functools
 import json
 import logging
 import os
-import re
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -58,6 +57,7 @@ from experiments import (
   samples_log,
 )
 from experiments.config_check import check, positive_int
+from experiments.eval_resume import prepare as prepare_resume
 from experiments.eval_tasks import EvalSettings, TaskSpec
 from experiments.eval_tasks import eval_section as eval_section  # re-exported (tests)
 from experiments.logger import write_run_files
@@ -116,7 +116,7 @@ def evaluate_model(
   if eos_ids is None:
     eos_ids = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
   pad_id = sampling.pad_id(tokenizer)
-  meta = _meta(task, settings, eos_ids, pad_id, key, run_info)
+  meta = task_meta(task, settings, eos_ids, pad_id, key, run_info)
   prompt_fn = task.prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
   records, stem = _open_records(out_dir, label, meta, settings.resume, examples)
   writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
@@ -153,7 +153,7 @@ def evaluate_model(
   return _summary(task, settings, records, scorer, seconds, out_dir if writer else None)
 
 
-def _meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
+def task_meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
   """The sampling settings and problems (`eval_data.problem_counts`) of `<label>.meta.json`; a
   resume with other values is refused (other problems included)."""
   return {
@@ -186,7 +186,7 @@ def _open_records(
   records: dict[int, dict] = {}
   if out_dir is None:
     return records, None
-  stem = os.path.join(out_dir, re.sub(r"[^A-Za-z0-9._-]+", "_", label))
+  stem = eval_results.file_stem(out_dir, label)
   jsonl = stem + ".jsonl"
   writer = sharding.is_primary()
   if writer:
@@ -200,7 +200,7 @@ def _open_records(
     if r["id"] != eval_results.example_id(examples[i], i):
       raise ValueError(
         f"{jsonl}: problem {i} has id {r['id']!r} but the examples give "
-        f"{examples[i].get('id')!r}; the task's data changed: use a new out_dir or resume=False."
+        f"{examples[i].get('id')!r}; the task's data changed: add --config.eval.restart=True."
       )
   return records, stem
 
@@ -233,7 +233,8 @@ def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, pr
 def _summary(task, settings, records, scorer, seconds, out_dir) -> dict[str, Any]:
   """`evaluate_model`'s result; with out_dir and `settings.report`, the task's report too."""
   ordered = [records[i] for i in sorted(records)]
-  summary = eval_results.summarize(ordered, ks=settings.ks)
+  votes = task.answer_fn is not None or eval_results.has_votes(task.task)
+  summary = eval_results.summarize(ordered, ks=settings.ks, votes=votes)
   if task.num_seen_in_training is not None:  # a run's evaluation: its problems' counts
     counts = eval_data.problem_counts(task)
     summary.update({k: counts[k] for k in ("num_distinct", "num_seen_in_training")})
@@ -336,7 +337,7 @@ class Evaluator:
     correct_fn = run_data.eval_correct_fn(config.data, self.task, self.examples)
     self.main, self.extra = tasks.main._replace(correct_fn=correct_fn), tasks.extra
 
-  def _settings(self, num_samples: int) -> EvalSettings:
+  def settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
     return EvalSettings(
       num_samples=num_samples,
@@ -367,7 +368,7 @@ class Evaluator:
       model_config,
       self.tokenizer,
       TaskSpec(self.label, self.task, examples, correct_fn=self.correct_fn),
-      self._settings(n),
+      self.settings(n),
       key=self.key,
     )
     return flat_summary(summary, prefix="eval/")
@@ -383,7 +384,7 @@ class Evaluator:
     """
     n = int(self.config.num_samples)
     settings = dataclasses.replace(
-      self._settings(n), log_progress=True, keep_samples=int(self.config.keep_samples)
+      self.settings(n), log_progress=True, keep_samples=int(self.config.keep_samples)
     )
     return evaluate_tasks(
       models.cast_params(params, model_config.jnp_dtype),
@@ -422,7 +423,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)
     evaluator.tokenizer = tokenizer
-    write_run_files(workdir, config)  # config.json and versions.json, as training runs have
+    prepare_resume(evaluator, os.path.join(workdir, "eval"), restart=config.eval.restart)
+    write_run_files(workdir, config)  # config.json and versions.json, after the checks
     model_info = {"model": json.loads(json.dumps(config.model.to_dict(), default=repr))}
     if preemption.preempted():
       return stopped_result("nothing evaluated yet")

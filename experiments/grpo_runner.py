@@ -29,7 +29,7 @@ import numpy as np
 
 from es_jax import grpo_update, sampling, sharding
 from es_jax.rewards import failure_metrics
-from experiments import config_check, run_context, run_data, samples_log, train_loop
+from experiments import config_check, run_context, run_data, run_guard, samples_log, train_loop
 from experiments.configs.choices import GRPO_ADVANTAGE_STD
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,7 @@ def train(
       mesh=ctx.mesh,
     )
     host, rewards, new_tokens = _score_rollout(ctx, completions, examples, group)
+    loop.check_rewards(step, rewards)  # none finite: stop before the update
     batch, adv_stats = grpo_update.with_advantages(batch, rewards, std=std)
     state, update = grpo_update.update_step(
       state,
@@ -162,8 +163,7 @@ def train(
       )
       loop.log_samples(step, rows)
     loop.end_step(step, state, values, params=state.params)
-  finished = loop.close()
-  return train_loop.StageResult(state.params, finished)
+  return loop.result(state.params)
 
 
 def _score_rollout(ctx: run_context.Context, completions, examples, group: int):
@@ -196,7 +196,10 @@ def step_metrics(rewards: np.ndarray, completions, adv_stats, update) -> dict[st
   values["entropy/mean"] = values.pop("rollout/entropy")
   values["length/mean"] = values.pop("rollout/response_length")
   values.update({f"adv/{k}": float(np.mean(v)) for k, v in jax.device_get(adv_stats).items()})
-  values.update({f"grpo/{k}": float(np.mean(v)) for k, v in jax.device_get(update).items()})
+  update = jax.device_get(update)
+  # The largest of the step's optimizer updates, checked by end_step (max_update_ratio).
+  values[run_guard.UPDATE_RATIO] = float(np.max(update.pop("update_ratio")))
+  values.update({f"grpo/{k}": float(np.mean(v)) for k, v in update.items()})
   return values
 
 

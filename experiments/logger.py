@@ -240,7 +240,10 @@ def _write_json_keep_previous(path: epath.Path, data: dict[str, Any], what: str)
       f"{what} differs from this workdir's previous one in {changed}; kept the old one as {kept}.",
       stacklevel=3,
     )
-  path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+  # Written whole or not at all: a killed write leaves the previous file or none.
+  tmp = path.parent / f".{path.name}.tmp"
+  tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+  tmp.rename(path)
 
 
 def write_run_files(workdir: str | os.PathLike, config: Any) -> None:

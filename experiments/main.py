@@ -10,14 +10,15 @@
 (`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
 in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
 files, bad data, a user's reward that breaks its contract (docs/usage.md; at the check before
-the model loads or at any later call) and a workdir that holds another method's run. The data
-and evaluation files and the reward are checked before the model loads. `--dry_run` also loads
+the model loads or at any later call), a workdir that holds another method's run and a run that
+stopped because it cannot be learning (`experiments.run_guard`: non-finite rewards or weights, an
+update too large). The data and evaluation files and the reward are checked before the model
+loads. `--dry_run` prints the planned work (completions to generate, an estimated time), loads
 the model and the data, then exits 0 without training. Rerunning the same command resumes from
 the newest checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation)
 saves what was done and exits 0 (`es_jax.preemption.sigterm_scope`, one flag for the whole
-command); a second run on a DIR in use is refused (`experiments.workdir_lock`). On a
-multi-host TPU slice run the same command on every worker
-(jax.distributed joins them).
+command); a second run on a DIR in use is refused (`experiments.workdir_lock`). On a multi-host
+TPU slice run the same command on every worker (jax.distributed joins them).
 
 Output: one line per phase and per step (step, training reward, s/step, ETA) and progress lines
 during the final evaluation; libraries (Orbax, JAX, absl) log warnings only. `--verbosity=1` shows
@@ -205,7 +206,7 @@ def dry_run(config, workdir: str) -> dict:
   import jax
 
   from es_jax import models
-  from experiments import config_check, evaluate, model_io, run_context, run_data
+  from experiments import config_check, evaluate, model_io, run_context, run_data, work_plan
 
   t0 = time.perf_counter()
   if config.method == "evaluate":  # the training pool only to exclude its prompts
@@ -220,10 +221,14 @@ def dry_run(config, workdir: str) -> dict:
     ctx = run_context.make_context(config, workdir)
     params, dtype, evaluator = ctx.base_params, ctx.model_config.dtype, ctx.evaluator
     train_examples, mesh = len(ctx.examples), dict(ctx.mesh.shape)
+  n_params = sum(int(x.size) for x in jax.tree.leaves(params))
+  problems = len(evaluator.examples) + sum(len(spec.examples) for spec in evaluator.extra)
+  rows = work_plan.plan(config, problems)
   return {
     "dry_run": True,
     "method": config.method,
-    "model_parameters": sum(int(x.size) for x in jax.tree.leaves(params)),
+    **({"planned_work": work_plan.summary(rows, n_params)} if rows else {}),
+    "model_parameters": n_params,
     "model_dtype": dtype,
     "train_examples": train_examples,
     "eval_problems": len(evaluator.examples),
@@ -258,6 +263,7 @@ def _main() -> dict:
   from es_jax.rewards import RewardError
   from experiments import config_check
   from experiments.configs.base import METHODS
+  from experiments.run_guard import RunDivergedError  # a run that cannot be learning: one line
 
   try:
     sharding.initialize_distributed()
@@ -276,7 +282,7 @@ def _main() -> dict:
       with WorkdirLock(_WORKDIR.value):
         result = runner(config, _WORKDIR.value)
       summary = {k: v for k, v in (result or {}).items() if k in ("stopped", "eval", "report")}
-  except (*USER_ERRORS, RewardError) as e:
+  except (*USER_ERRORS, RewardError, RunDivergedError) as e:
     reward_error = e if isinstance(e, RewardError) else e.__cause__
     if show_tracebacks():
       if isinstance(reward_error, RewardError) and reward_error.traceback:

@@ -20,6 +20,8 @@ Series = tuple[Sequence[float], Sequence[float]]
 # Line styles cycled with the colours, so that runs whose curves coincide (a sequential run's
 # first stage repeats the single-method run) stay findable; ":" is kept for stage boundaries.
 LINESTYLES = ("-", "--", "-.", (0, (8, 2, 2, 2, 2, 2)))
+# The smallest y range of a metric plot, relative to max(1, |centre|) (`_min_y_span`).
+MIN_Y_SPAN = 0.02
 
 
 def _checked(series: Mapping[str, Series], name: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -160,6 +162,7 @@ def metric_figure(
       ax.axvline(x, *band, color=line.get_color(), linestyle=":", linewidth=1.6, label=switch)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.ticklabel_format(axis="y", useOffset=False)
+  _min_y_span(ax)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, alpha=0.3)
@@ -170,6 +173,16 @@ def metric_figure(
     fig.text(0.01, 0.005, note, fontsize="small", ha="left", va="bottom", wrap=True)
     fig.subplots_adjust(bottom=0.2)
   return fig
+
+
+def _min_y_span(ax) -> None:
+  """Widens the y axis to at least MIN_Y_SPAN x max(1, |centre|) around its centre: a flat
+  series (0.15625 at every step, or float32 noise of 1e-8 around it) draws flat, not as swings
+  across the whole height."""
+  lo, hi = ax.get_ylim()
+  centre, span = (lo + hi) / 2, MIN_Y_SPAN * max(1.0, abs((lo + hi) / 2))
+  if np.isfinite(centre) and hi - lo < span:
+    ax.set_ylim(centre - span / 2, centre + span / 2)
 
 
 def plot_metric_over_steps(

@@ -54,6 +54,7 @@ import ml_collections
 import numpy as np
 
 from experiments import eval_results, plots
+from experiments.config_errors import ConfigError
 from experiments.report_curves import last_value, steps_cell, train_seconds, training_curves
 from experiments.report_runs import (
   NA,
@@ -111,7 +112,7 @@ def _pairs(runs: Sequence[Run], pairs: Sequence[tuple[str, str]]) -> list[tuple[
   for pair in pairs:
     for name in pair:
       if name not in by_name:
-        raise ValueError(
+        raise ConfigError(
           f"config.report.pairs: {name!r} is not a run of the report ({sorted(by_name)})."
         )
   return [(by_name[b], by_name[a]) for b, a in pairs]
@@ -227,13 +228,13 @@ def _load_runs(workdirs: Sequence[str], names: Sequence[str]) -> list[Run]:
   studies = {p: t for p in paths if (t := diversity_target(p)) is not None}
   paths = [p for p in paths if p not in studies]
   if not paths:
-    raise ValueError(f"config.report.workdirs: {workdirs!r} holds only diversity studies.")
+    raise ConfigError(f"config.report.workdirs: {workdirs!r} holds only diversity studies.")
   labels = names_by_path(split_list(names), paths)
   runs = [load_run(p, label) for p, label in zip(paths, labels, strict=True)]
   for study, target in studies.items():
     hits = [r for r in runs if not r.stage and same_dir(r.path, target)]
     if not hits:
-      raise ValueError(
+      raise ConfigError(
         f"config.report.workdirs: the diversity study {study!r} measured {target!r}, which is "
         "not among the runs; add it to the workdirs."
       )
@@ -245,7 +246,7 @@ def _load_runs(workdirs: Sequence[str], names: Sequence[str]) -> list[Run]:
     if seen[run.name] > 1 and label is None:
       run.name = f"{run.name} ({os.path.basename(os.path.normpath(run.path))})"
   if len({r.name for r in runs}) != len(runs):
-    raise ValueError(
+    raise ConfigError(
       f"config.report.names: {[r.name for r in runs]} repeats a name; give unique names."
     )
   return runs
@@ -382,12 +383,12 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="report"`: the report of `config.report.workdirs` into `report.out`."""
   r = config.report
   if not split_list(r.workdirs):
-    raise ValueError("config.report.workdirs is empty: name the run directories, comma-separated.")
+    raise ConfigError("config.report.workdirs is empty: name the run directories, comma-separated.")
   out = r.out or os.path.join(workdir, "report")
   pairs = []
   for item in split_list(r.pairs):
     pair = tuple(part.strip() for part in item.split(":"))
     if len(pair) != 2 or not all(pair):
-      raise ValueError(f"config.report.pairs: {item!r} is not 'name:other name'.")
+      raise ConfigError(f"config.report.pairs: {item!r} is not 'name:other name'.")
     pairs.append(pair)
   return build(split_list(r.workdirs), out, names=split_list(r.names), pairs=pairs)

@@ -91,6 +91,20 @@ ENTROPY_NOTE = (
 )
 
 
+REWARD_NOTE = (
+  "T: the sampling temperature of the rewarded completions (ES fitness is often greedy, T=0; "
+  "GRPO's rollouts are sampled at T=1): rewards at different T measure different things; "
+  "compare trends, not levels."
+)
+
+
+def _reward_note(runs: Sequence[Run]) -> str | None:
+  """REWARD_NOTE when the runs' training rewards come from more than one temperature."""
+  temperatures = {t for run in runs if (t := rollout_temperatures(run))}
+  mixed = len(temperatures) > 1 or any("→" in t for t in temperatures)
+  return REWARD_NOTE if mixed else None
+
+
 def rollout_temperatures(run: Run) -> str | None:
   """The sampling temperature of a run's training rollouts: "T=0", "GRPO T=1 → ES T=0" for a
   sequential run, None when its config does not say."""
@@ -144,7 +158,7 @@ def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list
   ):
     entropy = name == "entropy"
     labels = {
-      run.name: f"{run.name} ({t})" if entropy and (t := rollout_temperatures(run)) else run.name
+      run.name: f"{run.name} ({t})" if (t := rollout_temperatures(run)) else run.name
       for run in runs
     }
     curves = {labels[run.name]: s for run in runs if (s := get(run)) is not None}
@@ -164,6 +178,6 @@ def training_curves(runs: Sequence[Run], out: str) -> tuple[dict[str, str], list
       title=what,
       boundaries=marks,
       ema=None if entropy else REWARD_EMA,
-      note=ENTROPY_NOTE if entropy else None,
+      note=ENTROPY_NOTE if entropy else _reward_note(runs),
     )
   return figures, notes

@@ -18,6 +18,7 @@ import numpy as np
 
 from es_jax.metrics import maj_at_k, pass_at_k
 from experiments import eval_results
+from experiments.config_errors import ConfigError
 from experiments.logger import METRICS_FILE, read_metrics
 
 METHOD_LABELS = {"es": "ES", "grpo": "GRPO", "evaluate": "base"}
@@ -64,14 +65,14 @@ def expand(workdirs: Sequence[str]) -> list[str]:
   out = []
   for w in workdirs:
     if not os.path.isdir(w):
-      raise ValueError(f"config.report.workdirs: {w!r} is not a directory.")
+      raise ConfigError(f"config.report.workdirs: {w!r} is not a directory.")
     if _is_run(w) or _stage_of(w):
       out.append(w)
       continue
     subs = [s for s in os.listdir(w) if os.path.isdir(os.path.join(w, s))]
     subs = [s for s in subs if _is_run(os.path.join(w, s))]
     if not subs:
-      raise ValueError(
+      raise ConfigError(
         f"config.report.workdirs: {w!r} holds no run (no eval/, {METRICS_FILE} or config.json, "
         "in it or in a subdirectory)."
       )
@@ -162,13 +163,13 @@ def names_by_path(names: list[str], paths: list[str]) -> list[str | None]:
   pairs = [n for n in names if "=" in n]
   if not pairs:
     if names and len(names) != len(paths):
-      raise ValueError(
+      raise ConfigError(
         f"config.report.names: {len(names)} names for {len(paths)} runs ({', '.join(paths)}); "
         "give one name per run, or dir=label pairs, or none."
       )
     return list(names) or [None] * len(paths)
   if len(pairs) != len(names):
-    raise ValueError(
+    raise ConfigError(
       f"config.report.names: {names} mixes labels and dir=label pairs; use one form."
     )
   out: list[str | None] = [None] * len(paths)
@@ -182,7 +183,7 @@ def names_by_path(names: list[str], paths: list[str]) -> list[str | None]:
     if len(hits) != 1 or not label:
       found = [os.path.basename(os.path.normpath(p)) for p in paths]
       why = "an empty label" if not label else f"{len(hits)} runs match {key!r}"
-      raise ValueError(f"config.report.names: {pair!r}: {why}; the runs are {found}.")
+      raise ConfigError(f"config.report.names: {pair!r}: {why}; the runs are {found}.")
     out[hits[0]] = label
   return out
 
@@ -213,7 +214,8 @@ def _load_eval(run: Run, eval_dir: str) -> None:
     ks = sorted(int(k.split("@")[1]) for k in saved if k.startswith("pass@"))
     meta_path = os.path.join(eval_dir, stem(label) + ".meta.json")
     meta = _read_json(meta_path) if os.path.exists(meta_path) else {}
-    run.tasks[label] = {**task_metrics(records, ks), "meta": meta}
+    votes = eval_results.has_votes(meta.get("task"))
+    run.tasks[label] = {**task_metrics(records, ks, votes=votes), "meta": meta}
     run.per_problem[label] = per_problem_values(records, ks)
   timing = eval_results.read_timing(eval_dir)
   run.eval_seconds = sum(timing.values()) if timing else None
@@ -236,17 +238,21 @@ def per_problem_values(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> 
   return out
 
 
-def task_metrics(records: Sequence[dict[str, Any]], ks: Sequence[int]) -> dict[str, Any]:
-  """The summary of `eval_results.summarize` plus "<metric>_se" standard errors over problems."""
-  out = eval_results.summarize(records, ks=ks)
+def task_metrics(
+  records: Sequence[dict[str, Any]], ks: Sequence[int], votes: bool = True
+) -> dict[str, Any]:
+  """The summary of `eval_results.summarize` (`votes`: as there) plus "<metric>_se" standard
+  errors over problems."""
+  out = eval_results.summarize(records, ks=ks, votes=votes)
   n = np.array([r["n"] for r in records], np.int64)
   c = np.array([r["c"] for r in records], np.int64)
   if "greedy" in out:
     out["greedy_se"] = standard_error(np.array([float(r["greedy_correct"]) for r in records]))
   for k in eval_results.usable_ks(ks, int(n.min())):
     out[f"pass@{k}_se"] = standard_error(np.asarray(pass_at_k(n, c, k), np.float64))
-    votes = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
-    out[f"maj@{k}_se"] = standard_error(np.asarray(votes, np.float64))
+    if votes:
+      majority = [maj_at_k(r["answers"], k=k, correct=r["correct"]) for r in records]
+      out[f"maj@{k}_se"] = standard_error(np.asarray(majority, np.float64))
   tokens = np.array([r["num_tokens"] for r in records], np.float64)
   ent = np.array([r["mean_entropy"] for r in records], np.float64)
   m = len(records)

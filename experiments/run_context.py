@@ -16,7 +16,7 @@ import ml_collections
 
 from es_jax import memory_plan, models, sampling
 from es_jax import sharding as sharding_lib
-from experiments import config_check, eval_data, evaluate, model_io, run_data
+from experiments import config_check, eval_data, eval_resume, evaluate, model_io, run_data
 from experiments.config_check import check
 from experiments.progress import format_seconds
 
@@ -127,6 +127,8 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
     model.config.dtype,
     format_seconds(time.perf_counter() - t0),
   )
+  if config.eval.final and not config.eval.restart:  # before any file is written
+    eval_resume.prepare(evaluator, os.path.join(workdir, "eval"), restart=False)
   data_sources = {
     "data": run_data.examples_source(examples),
     "eval": run_data.examples_source(evaluator.examples),

@@ -218,13 +218,17 @@ class TrainSamples:
       self.path = epath.Path(logger.local_dir) / SAMPLES_FILE
       drop_lines_after(self.path, resume_step)
 
-  def due(self, step: int) -> bool:
-    """Whether global step `step` logs samples (on this process)."""
-    return self.path is not None and step % self.every == 0
+  def due(self, step: int, *, edge: bool = False) -> bool:
+    """Whether global step `step` logs samples (on this process): every `every` steps, and the
+    first and last step of a stage (`edge`), so a short run has its completions too."""
+    return self.path is not None and (edge or step % self.every == 0)
 
-  def log(self, step: int, rows: Callable[..., list[dict]], *, stage: str | None = None) -> None:
-    """Appends the rows `rows(count)` makes (called only when `due(step)`) at global `step`."""
-    if not self.due(step):
+  def log(
+    self, step: int, rows: Callable[..., list[dict]], *, stage: str | None = None, edge=False
+  ) -> None:
+    """Appends the rows `rows(count)` makes (called only when `due(step, edge=edge)`) at global
+    `step`."""
+    if not self.due(step, edge=edge):
       return
     made = [{k: to_json_value(v, name=k) for k, v in r.items()} for r in rows(count=self.count)]
     with open(self.path, "a", encoding="utf-8") as f:  # non-finite numbers are null (strict JSON)

@@ -71,6 +71,6 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
         extra["ref_params"] = params  # ES→GRPO: the KL anchors to the ES stage's output
       result = TRAINERS[stage.name](ctx, params, stage, **extra)
       if not result.finished:  # SIGTERM, even during its last step: stage two is not started
-        return train_loop.finish(ctx, result.params, stopped=True)
+        return train_loop.finish(ctx, result.params, stopped=True, saved=result.saved)
       params = result.params
     return train_loop.finish(ctx, params, stopped=False)

@@ -25,12 +25,14 @@ from etils import epath
 from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
 from experiments import (
+  eval_resume,
   evaluate,
   model_io,
   report_curves,
   report_runs,
   run_context,
   run_data,
+  run_guard,
   samples_log,
 )
 from experiments.config_check import ConfigError, check, positive_int, split_es_precision
@@ -90,7 +92,8 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], pre
 
 class StageResult(NamedTuple):
   params: Any
-  finished: bool  # False: stopped by SIGTERM, before or after its last step (checkpoint saved)
+  finished: bool  # False: stopped by SIGTERM, before or after its last step
+  saved: str = ""  # what is on disk for a rerun to resume from (`Loop.saved`)
 
 
 @jax.jit
@@ -102,7 +105,7 @@ def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack(flags)) if flags else jnp.bool_(True)
 
 
-class NonFiniteParamsError(FloatingPointError):
+class NonFiniteParamsError(run_guard.RunDivergedError):
   """An update produced NaN or ±inf parameters; the run stops before saving them."""
 
 
@@ -115,7 +118,7 @@ class Loop:
     for step in loop.steps():           # local steps start+1 .. num_steps; stops on SIGTERM
       state, metrics = ...
       loop.end_step(step, state, metrics)
-    return StageResult(state["params"], finished=loop.close())
+    return loop.result(state["params"])
   """
 
   def __init__(self, ctx: run_context.Context, stage: Stage, state: Any):
@@ -175,6 +178,7 @@ class Loop:
       resume_step=resume,
     )
     self.stopped = False
+    self.saved = ""  # set by close(): the newest checkpoint on disk, for the stop message
     self.bar = ProgressBar(
       stage.num_steps,
       initial=self.start,
@@ -252,9 +256,11 @@ class Loop:
     self.logger.log(self.stage.offset + step, values, stage=self.stage.label)
 
   def log_samples(self, step: int, rows) -> None:
-    """A few completions of local `step` into samples.jsonl when due (`rows(count)` makes them,
-    called only then; experiments.samples_log). Call before `end_step`, which checkpoints it."""
-    self.samples.log(self.stage.offset + step, rows, stage=self.stage.label)
+    """A few completions of local `step` into samples.jsonl when due, and at the stage's first and
+    last step (`rows(count)` makes them, called only then; experiments.samples_log). Call before
+    `end_step`, which checkpoints it."""
+    edge = step in (1, self.stage.num_steps)
+    self.samples.log(self.stage.offset + step, rows, stage=self.stage.label, edge=edge)
 
   def steps(self):
     """Local steps start+1 .. num_steps; none after a SIGTERM. A SIGTERM during the last step
@@ -279,13 +285,23 @@ class Loop:
         logged, nothing is checkpointed, and the last checkpoint stays the newest.
     """
     values = dict(values)
-    if not bool(_all_finite(state if params is None else params)):
+    name, g = self.stage.name, self.stage.offset + step
+    try:
+      if not bool(_all_finite(state if params is None else params)):
+        raise NonFiniteParamsError(
+          f"{name}: the update of step {g} made parameters NaN or infinite; stopped before "
+          f"checkpointing them: lower {name}.learning_rate, check the rewards."
+        )
+      if run_guard.UPDATE_RATIO in values:
+        limit = float(self.ctx.config.get("max_update_ratio", 0.0))
+        ratio = float(values[run_guard.UPDATE_RATIO])
+        run_guard.check_update(
+          ratio, limit=limit, method=name, step=g, field=f"{name}.learning_rate"
+        )
+    except run_guard.RunDivergedError:
       self.log(step, values)
-      self.close()  # commits the previous (finite) checkpoint still being written
-      raise NonFiniteParamsError(
-        f"{self.stage.name}: the update of step {self.stage.offset + step} made parameters NaN or "
-        "infinite; stopped before checkpointing them (lower the learning rate, check rewards)."
-      )
+      self.close()  # commits the previous (good) checkpoint still being written
+      raise
     if params is not None:
       values["drift"] = float(metrics.relative_drift(params, self.ctx.base_params))
       if self.ctx.evaluator.due(step, self.stage.num_steps):
@@ -307,9 +323,35 @@ class Loop:
     self.ckpt.save(step, state=state, key=self.run_key, meta=meta, force=final)
     self.bar.update(1, **{k: v for k, v in values.items() if k == "train/reward"})
 
+  def check_rewards(self, step: int, rewards) -> None:
+    """Stops the run (`run_guard.check_rewards`, after closing what the loop holds) when no
+    reward of local `step` is finite; call before the update."""
+    reward = self.ctx.config.data.reward or "the task's own"
+    try:
+      run_guard.check_rewards(
+        rewards, method=self.stage.name, step=self.stage.offset + step, reward=reward
+      )
+    except run_guard.RunDivergedError:
+      self.close()
+      raise
+
+  def result(self, params) -> StageResult:
+    """Closes the loop (`close`); the stage's StageResult with `params`."""
+    finished = self.close()
+    return StageResult(params, finished, self.saved)
+
   def close(self) -> bool:
     """Waits for checkpoints, closes files; returns whether the stage ran to its end."""
     self.ckpt.wait()
+    try:
+      step = self.ckpt.latest_step()
+    except Exception:  # noqa: BLE001 - only for the stop message
+      step = None
+    if step is None:
+      self.saved = "no checkpoint saved yet (stopped before the first step's)"
+    else:
+      where = self.stage.ckpt_dir
+      self.saved = f"the checkpoint of step {self.stage.offset + int(step)} is in {where}"
     self.ckpt.close()
     self.bar.close()
     self.logger.close()
@@ -341,37 +383,15 @@ def final_summaries(ctx: run_context.Context, ev: Mapping[str, Any]) -> None:
     logger.summaries(max(steps, default=0), values)
 
 
-def set_aside_stale_evaluation(eval_dir: str, run_info: Mapping[str, Any]) -> str | None:
-  """Renames `eval_dir` to eval.stale-<n> when its records were computed for other params than
-  `run_info` says (for example a finished run resumed with a larger num_steps); returns the new
-  path, or None when the records are current or absent. Nothing is deleted."""
-  if not os.path.isdir(eval_dir):
-    return None
-  for name in sorted(os.listdir(eval_dir)):
-    if not name.endswith(".meta.json"):
-      continue
-    with open(os.path.join(eval_dir, name)) as f:
-      saved = json.load(f).get("run_info")
-    if saved != json.loads(json.dumps(dict(run_info))):
-      n = 1
-      while os.path.exists(f"{eval_dir}.stale-{n}"):
-        n += 1
-      stale = f"{eval_dir}.stale-{n}"
-      os.replace(eval_dir, stale)
-      message = "%s holds the evaluation of other params (%s); moved to %s, evaluating these"
-      log.warning(message, eval_dir, saved, stale)
-      return stale
-  return None
-
-
-def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]:
-  """After the last stage: final evaluation, HF export and plots (skipped when preempted).
+def finish(ctx: run_context.Context, params, *, stopped: bool, saved: str = "") -> dict[str, Any]:
+  """After the last stage: final evaluation, HF export and plots (skipped when preempted; then
+  `saved`, a `StageResult.saved`, says in the log what a rerun resumes from).
 
   A SIGTERM during the final evaluation stops it between batches (the finished problems are in
   eval/*.jsonl, a rerun evaluates the rest); then nothing is exported and DONE is not written.
   """
   if stopped or preemption.preempted():
-    return evaluate.stopped_result("checkpoint saved")
+    return evaluate.stopped_result(saved or "the last checkpoint is kept")
   results: dict[str, Any] = {"stopped": False}
   if ctx.config.eval.final:
     eval_dir = os.path.join(ctx.workdir, "eval")
@@ -379,7 +399,9 @@ def finish(ctx: run_context.Context, params, *, stopped: bool) -> dict[str, Any]
     # The records say which params they score: a run extended to more steps re-evaluates.
     run_info = {"params_digest": integrity.tree_digest(params)}
     if sharding.is_primary():  # several hosts: process 0 writes the workdir, the others read it
-      set_aside_stale_evaluation(eval_dir, run_info)
+      if ctx.config.eval.restart:
+        eval_resume.move_aside(eval_dir)
+      eval_resume.set_aside_stale(eval_dir, run_info)
     sharding.sync_hosts("es_jax_final_evaluation")
     try:
       ev = ctx.evaluator.final(params, ctx.model_config, eval_dir, run_info=run_info)
@@ -411,7 +433,7 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
     n = positive_int(config[name].num_steps, f"{name}.num_steps")
     stage = Stage(name, n, os.path.join(ctx.workdir, "checkpoints"))
     result = train_fn(ctx, ctx.base_params, stage)
-    return finish(ctx, result.params, stopped=not result.finished)
+    return finish(ctx, result.params, stopped=not result.finished, saved=result.saved)
 
 
 def local_completions(completions):

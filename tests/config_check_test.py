@@ -120,8 +120,8 @@ def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
   config = demo_config.get_config()  # ks (1, 2, 4, 8), periodic n = 4
   evaluator = object.__new__(evaluate.Evaluator)
   evaluator.config, evaluator.key, evaluator.layout = config.eval, None, {}
-  assert evaluator._settings(4).ks == (1, 2, 4)
-  assert evaluator._settings(8).ks == (1, 2, 4, 8)
+  assert evaluator.settings(4).ks == (1, 2, 4)
+  assert evaluator.settings(8).ks == (1, 2, 4, 8)
 
 
 def test_make_context_validates_before_loading(monkeypatch):
@@ -268,6 +268,16 @@ def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
   assert loaded == ["tiny-llama"] and summary["dry_run"] is True
   assert summary["model_parameters"] > 0 and summary["mesh"] == {"pop": 1, "model": 1}
   assert summary["train_examples"] == 16 and summary["eval_problems"] == 4
+  # The planned work: smoke ES 3 steps x N = 4 x 2 prompts; periodic evaluations (every 2) of
+  # 2 problems x (2 samples + greedy) before training and after step 2; the final one 4 x 3.
+  plan = summary["planned_work"]
+  assert plan["completions"] == {
+    "base model periodic evaluation": 6,
+    "es": 24,
+    "es periodic evaluations": 6,
+    "final evaluation": 12,
+  }
+  assert plan["completions_total"] == 48 and "2-core CPU" in plan["cpu_estimate"]
   assert not workdir.exists()  # nothing trained, no file written
   # method=evaluate (a checkpoint's evaluation) reads no training pool, as evaluate.run: the Hard
   # config's DeepScaleR files are not needed.

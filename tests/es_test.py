@@ -319,7 +319,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   for mode, (master_dtype, _) in config_check.ES_PRECISION_SPLIT.items():
     master = es_runner.master_weights(jax.tree.map(jnp.copy, base), master_dtype, jnp.bfloat16)
     state = {"params": master, "opt_state": opt.init(master)}
-    got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)["params"]
+    got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)[0]["params"]
   for name in base:
     np.testing.assert_allclose(got["fp32"][name], exact[name], rtol=0, atol=1e-7)
     assert got["fp32"][name].dtype == jnp.float32
@@ -342,7 +342,7 @@ def test_precision_modes_update_as_the_numpy_reference(key):
 
   def step(lr):
     state = {"params": jax.tree.map(jnp.copy, fp32), "opt_state": opt.init(fp32)}
-    return es_runner._apply(state, r, key, lr, rule=rule)["params"]["w"] - fp32["w"]
+    return es_runner._apply(state, r, key, lr, rule=rule)[0]["params"]["w"] - fp32["w"]
 
   steps = [step(2.5e-3), step(7.5e-3)]
   np.testing.assert_allclose(steps[1], 3 * steps[0], rtol=1e-4, atol=1e-9)

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 from flax import nnx
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from run_configs import smoke_config
+from run_configs import smoke_config, with_fields
 from tiny_models import tiny_tokenizer
 
 from es_jax import checkpoint, data, models
 from es_jax.metrics import maj_at_k, pass_at_k
 from es_jax.sampling import encode_prompts, generate
 from experiments import eval_results, evaluate, model_io, plots, run_data
+from experiments.config_errors import ConfigError
 from experiments.configs import demo as demo_config
 from experiments.eval_tasks import TaskSpec
 
@@ -287,7 +288,7 @@ def test_decode_layout_changes_no_record_and_resumes_across_layouts(tiny, full_r
   assert resumed["records"] == full_run[0]["records"]  # not refused, nothing redone
   fields = {f"decode__{k}": v for k, v in layout.items()}
   evaluator = evaluate.Evaluator(smoke_config(demo_config, **fields), tok, run_data.run_keys(0))
-  settings = evaluator._settings(2)
+  settings = evaluator.settings(2)
   assert (settings.kv_chunk, settings.compactions) == (4, 2)
 
 
@@ -334,6 +335,20 @@ def test_run_from_config_on_reasoning_gym(tiny, tmp_path):
     np.mean([row["pass@1"] for row in table["tasks"].values()])
   )
   assert results["eval"]["pass@1"] == pytest.approx(table["macro"]["pass@1"])
+  # Resuming with eval.refill flipped: refused in one line naming the field and the CLI way to
+  # start over, before any file is touched (config.json still describes eval/).
+  work = tmp_path / "work"
+  before = {p: p.read_bytes() for p in work.rglob("*") if p.is_file()}
+  flipped = with_fields(config, eval__refill=True)
+  with pytest.raises(
+    ConfigError, match=r"eval\.refill \(None saved, True now\).*eval\.restart=True"
+  ):
+    evaluate.run(flipped, str(work))
+  assert {p: p.read_bytes() for p in work.rglob("*") if p.is_file()} == before
+  restarted = evaluate.run(with_fields(flipped, eval__restart=True), str(work))
+  assert restarted["stopped"] is False and (tmp_path / "work" / "eval.stale-1").is_dir()
+  assert json.loads((out / "reasoning_gym_chain_sum.meta.json").read_text())["refill"] is True
+  assert json.loads((work / "config.json").read_text())["eval"]["refill"] is True
   bad = smoke_config(demo_config, "", method="evaluate", model__source="nope")
   with pytest.raises(ValueError, match="config.model.source"):
     evaluate.run(bad, str(tmp_path / "work2"))
@@ -396,6 +411,18 @@ def test_metric_plot_ticks_are_whole_steps_values_plain_and_stages_marked():
   assert len(dotted) == 1 and list(dotted[0].get_xdata()) == [1.5, 1.5]
   legend = [t.get_text() for t in ax.get_legend().get_texts()]
   assert legend == ["GRPO→ES", "GRPO→ES: stage switch"]  # the boundary is in the legend
+
+
+def test_flat_series_draws_flat_and_a_moving_one_keeps_its_range():
+  """0.15625 at both steps (and float32 noise around it) spans at least MIN_Y_SPAN: no zoom
+  into noise; a real change keeps matplotlib's own range."""
+  for values in ([0.15625, 0.15625], [0.15625, 0.15625 + 3e-8]):
+    fig = plots.metric_figure({"ES": ([1, 2], values)}, ylabel="r")
+    lo, hi = fig.axes[0].get_ylim()
+    assert hi - lo >= plots.MIN_Y_SPAN * 0.999 and lo < 0.15625 < hi
+  fig = plots.metric_figure({"ES": ([1, 2], [0.1, 0.6])}, ylabel="r")
+  lo, hi = fig.axes[0].get_ylim()
+  assert lo <= 0.1 and 0.6 <= hi < 0.7  # unchanged: the data's own margins
 
 
 def test_reward_plot_smooths_with_a_debiased_ema_and_keeps_every_line_findable():

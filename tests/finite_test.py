@@ -1,7 +1,9 @@
 """Non-finite rewards and parameters: GRPO ranks NaN rewards worst, no runner saves NaN weights,
 non-finite learning rates are refused."""
 
+import logging
 import os
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +12,9 @@ import pytest
 from run_configs import smoke_config
 
 from es_jax import grpo as grpo_lib
+from es_jax import preemption
 from es_jax.checkpoint import Checkpointer
-from experiments import es_runner, grpo_runner, run_data, train_loop
+from experiments import es_runner, grpo_runner, run_data, run_guard, train_loop
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
@@ -64,13 +67,13 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
   calls = []
 
   def poison_step_two(state, fitness, step_key, learning_rate, *, rule):
-    out = real(state, fitness, step_key, learning_rate, rule=rule)
+    out, ratio = real(state, fitness, step_key, learning_rate, rule=rule)
     calls.append(1)
     if len(calls) == 2:  # one NaN in one leaf is enough
       leaves, tree = jax.tree.flatten(out["params"])
       leaves[0] = leaves[0].at[(0,) * leaves[0].ndim].set(jnp.nan)
       out = {**out, "params": jax.tree.unflatten(tree, leaves)}
-    return out
+    return out, ratio
 
   monkeypatch.setattr(es_runner, "_apply", poison_step_two)
   config = _config(method="es", es__num_steps=2, checkpoint__every=1)
@@ -88,3 +91,60 @@ def test_non_finite_learning_rate_is_refused(method, value):
   runner = es_runner if method == "es" else grpo_runner
   with pytest.raises(ValueError, match=rf"config\.{method}\.learning_rate=.*finite"):
     runner.make_optimizer(cfg)
+
+
+def _nan_scorer(monkeypatch):
+  """Every reward NaN (a reward that returns nothing usable)."""
+  real = run_data.make_scorer
+
+  def all_nan(tokenizer, reward):
+    score = real(tokenizer, reward)
+    return lambda tokens, mask, examples: np.full_like(score(tokens, mask, examples), np.nan)
+
+  monkeypatch.setattr(run_data, "make_scorer", all_nan)
+
+
+@pytest.mark.parametrize("method", ["es", "grpo"])
+def test_all_non_finite_rewards_stop_before_the_update(tmp_path, monkeypatch, method):
+  _nan_scorer(monkeypatch)
+  config = _config(method=method, **{f"{method}__num_steps": 2})
+  runner = es_runner if method == "es" else grpo_runner
+  with pytest.raises(run_guard.RunDivergedError, match=rf"{method}: every one of the \d+ rewards"):
+    runner.run(config, str(tmp_path))
+  ckpt = Checkpointer(str(tmp_path / "checkpoints"), async_save=False)
+  assert ckpt.all_steps() == []  # the first step was not applied, nothing saved
+  ckpt.close()
+  assert not os.path.exists(tmp_path / "DONE")
+
+
+@pytest.mark.parametrize("method", ["es", "grpo"])
+def test_update_ratio_is_logged_and_a_huge_one_stops_the_run(tmp_path, method):
+  steps = {f"{method}__num_steps": 2, "checkpoint__every": 1}
+  config = _config(method=method, **steps)
+  runner = es_runner if method == "es" else grpo_runner
+  runner.run(config, str(tmp_path / "ok"))
+  rows = [r for r in read_metrics(str(tmp_path / "ok" / "metrics.jsonl")) if r["step"] > 0]
+  ratios = [r[run_guard.UPDATE_RATIO] for r in rows]
+  assert len(ratios) == 2 and all(0 < x < run_guard.DEFAULT_MAX_UPDATE_RATIO for x in ratios)
+  # The same run, its limit below what it measured: stopped at step 1, nothing checkpointed.
+  low = _config(method=method, max_update_ratio=min(ratios) / 2, **steps)
+  with pytest.raises(run_guard.RunDivergedError, match=rf"{method}: the update of step 1"):
+    runner.run(low, str(tmp_path / "low"))
+  ckpt = Checkpointer(str(tmp_path / "low" / "checkpoints"), async_save=False)
+  assert ckpt.all_steps() == []
+  ckpt.close()
+  # An absurd learning rate: the weights stay finite for a while, the ratio catches it.
+  huge = _config(method=method, **{f"{method}__learning_rate": 1e30}, **steps)
+  with pytest.raises(run_guard.RunDivergedError, match=rf"lower {method}\.learning_rate"):
+    runner.run(huge, str(tmp_path / "huge"))
+
+
+def test_stop_before_the_first_step_claims_no_checkpoint(tmp_path, caplog):
+  config = _config(method="es", es__num_steps=2)
+  with preemption.sigterm_scope() as handler:
+    os.kill(os.getpid(), signal.SIGTERM)  # at startup, before the first step
+    assert handler.requested
+    with caplog.at_level(logging.WARNING):
+      result = es_runner.run(config, str(tmp_path))
+  assert result == {"stopped": True}
+  assert "no checkpoint saved yet" in caplog.text and "checkpoint of step" not in caplog.text

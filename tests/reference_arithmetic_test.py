@@ -110,9 +110,10 @@ def test_perturb_restore_update_cycle_matches_numpy(key, mode):
   want = jax.tree.map(lambda x, e: _numpy_update(x, e, z, mode), w, stacked)
   _bits_equal(jax.jit(ref.update, static_argnames=("mode",))(got, key, z, ALPHA, mode=mode), want)
   state = {"params": params, "opt_state": ()}
-  applied = es_runner._in_place_apply(
+  applied, ratio = es_runner._in_place_apply(
     state, r, key, SIGMA, ALPHA, shaping="zscore", mode=mode, sharded=False
   )
+  assert 0 < float(ratio) < 1  # the step's ‖Δθ‖/‖θ‖, residues and update together
   _bits_equal(applied["params"], want)
 
 

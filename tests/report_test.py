@@ -2,6 +2,7 @@
 values against hand-computed ones, standard errors, resumed timing, sequential stages, several
 evaluation tasks, n/a reasons, the PNGs, and bad input."""
 
+import json
 import math
 import os
 
@@ -298,6 +299,11 @@ def test_entropy_curves_name_each_runs_rollout_temperature():
   assert report_curves.rollout_temperatures(stage) == "T=1"
   assert report_curves.rollout_temperatures(report_runs.Run("x", "x")) is None
   assert "not comparable" in report_curves.ENTROPY_NOTE
+  # reward.png says so too when its curves come from different temperatures.
+  grpo_run = report_runs.Run("GRPO", "g", config={"method": "grpo", **cfg})
+  assert report_curves._reward_note([es_run, grpo_run]) == report_curves.REWARD_NOTE
+  assert report_curves._reward_note([seq]) == report_curves.REWARD_NOTE  # T=1 then T=0
+  assert report_curves._reward_note([es_run]) is None
 
 
 def test_names_by_directory_and_a_diversity_study_in_its_own_workdir(runs, tmp_path):
@@ -386,3 +392,24 @@ def test_runs_with_different_ks(runs, tmp_path):
   assert row["Pass@4"] == "n/a" and row["Pass@2"] != "n/a"
   assert "base: gsm8k Pass@k, Maj@k for k = [4]: not in its eval.ks." in result["notes"]
   assert "Pareto front (Pass@1, Pass@2): ES." in text  # the largest k both evaluated
+
+
+def test_maj_at_k_is_na_without_answers_to_vote_on(tmp_path):
+  """A user's reward extracts no answer: Maj@k is n/a in table.md and the report, not 0.000."""
+  assert not eval_results.has_votes("my_reward.py:score") and eval_results.has_votes(TASK)
+  problems = [(c, [None] * 4, g, e, n) for c, _, g, e, n in PROBLEMS]
+  eval_dir = str(tmp_path / "run" / "eval")
+  summaries = _write_eval(eval_dir, "mine", problems)
+  meta = os.path.join(eval_dir, "mine.meta.json")
+  eval_results.write_json(meta, {**json.load(open(meta)), "task": "my_reward.py:score"})
+  records = eval_results.read_records(os.path.join(eval_dir, "mine.jsonl"))
+  user = eval_results.summarize(records, ks=(1, 2, 4), votes=False)
+  assert user["maj@2"] is None and user["pass@1"] == summaries["mine"]["pass@1"] > 0
+  assert summaries["mine"]["maj@2"] == 0.0  # what counting abstentions as wrong would show
+  eval_results.write_report({"mine": user}, eval_dir)
+  row = next(ln for ln in open(os.path.join(eval_dir, "table.md")) if ln.startswith("| mine"))
+  assert row.count("n/a") == 3 and "0.500" in row  # Maj@1,2,4; Pass@1 = 6/12
+  run = report_runs.load_run(str(tmp_path / "run"), "mine")
+  assert run.tasks["mine"]["maj@2"] is None and "maj@2_se" not in run.tasks["mine"]
+  lines = report.task_table([run], "mine", [])
+  assert lines[-1].count("n/a") >= 3

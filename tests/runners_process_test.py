@@ -254,6 +254,7 @@ def test_sigterm_saves_and_exits_zero(tmp_path):
   steps = Checkpointer(os.path.join(workdir, "checkpoints"), async_save=False).all_steps()
   assert max(steps) > 1 and max(steps) < 50  # a checkpoint of the step it stopped after
   assert not os.path.exists(os.path.join(workdir, "DONE"))
+  assert f"the checkpoint of step {max(steps)} is in" in proc.stderr  # says what was saved
 
 
 def test_main_refuses_unknown_key_and_bad_value(tmp_path):
@@ -289,3 +290,20 @@ def test_resume_with_another_config_is_refused_but_budget_may_grow(tmp_path):
   )  # a larger budget continues the run
   es_runner.run(longer, str(tmp_path))
   assert Checkpointer(str(tmp_path / "checkpoints"), async_save=False).latest_step() == 4
+
+
+@pytest.mark.parametrize(
+  "overrides, words",
+  [
+    (("--config.method=es", "--config.es.learning_rate=1e30"), "lower es.learning_rate"),
+    (("--config.method=grpo", "--config.grpo.learning_rate=1e30"), "lower grpo.learning_rate"),
+    (("--config.method=report",), "config.report.workdirs is empty"),
+  ],
+)
+def test_a_run_that_cannot_learn_ends_non_zero_in_one_line(tmp_path, overrides, words):
+  run = _Proc(str(tmp_path), *overrides)
+  assert run.wait() == 2, run.stderr[-3000:]
+  errors = [ln for ln in run.stderr.splitlines() if ln.startswith("error:")]
+  assert len(errors) == 1 and words in errors[0], run.stderr[-3000:]
+  assert "Traceback" not in run.stderr
+  assert not os.path.exists(os.path.join(tmp_path, "DONE"))

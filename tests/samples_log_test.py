@@ -114,9 +114,14 @@ def test_train_samples_every_k_steps_resume_and_tensorboard(tmp_path):
     (2, "x1\nlin"),
     (4, "again0"),
   ]
+  # A stage's first and last step (edge) are due whatever `every` says; others are not.
+  with RunLogger(tmp_path / "edge", resume_step=-1) as logger:
+    samples = samples_log.TrainSamples(logger, every=10, count=1, resume_step=-1)
+    assert samples.due(1, edge=True) and samples.due(8, edge=True) and samples.due(10)
+    assert not samples.due(3) and not samples.due(8)
   # every=0 or count=0: never due, no file.
   off = RunLogger(tmp_path / "off", resume_step=-1)
-  assert not samples_log.TrainSamples(off, every=0, count=4, resume_step=-1).due(10)
+  assert not samples_log.TrainSamples(off, every=0, count=4, resume_step=-1).due(10, edge=True)
   assert not samples_log.TrainSamples(off, every=1, count=0, resume_step=-1).due(10)
   off.close()
   assert not (tmp_path / "off" / SAMPLES_FILE).exists()

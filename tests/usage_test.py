@@ -9,7 +9,13 @@ import shlex
 import subprocess
 import sys
 
+import numpy as np
+from run_configs import checkpoint_params, named_leaves
 from tiny_models import tiny_tokenizer, torch_model
+
+from es_jax import models
+from experiments import model_io
+from experiments.logger import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Budgets only: one step, two prompts, four new tokens, two evaluation problems.
@@ -97,3 +103,62 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   assert saved["data"]["reward"] == "my_reward.py:score"
   assert saved["model"]["path"] == str(model_dir)
   assert (demo_dir / "report.md").exists() and (demo_dir / "base" / "eval").is_dir()
+
+
+# custom.py:cpu with the naming overrides; the rest shrinks it to the tiny model (tokens, steps).
+SHRINK = [
+  "--config.progress=False",
+  "--config.es.num_steps=2",
+  "--config.es.max_new_tokens=6",
+  "--config.grpo.num_steps=2",
+  "--config.grpo.max_new_tokens=6",
+  "--config.eval.limit=2",
+  "--config.eval.max_new_tokens=4",
+]
+# A reward that varies on a random model (the parity of the completion's length).
+PARITY = (
+  "def score(completion: str, example: dict) -> float:\n  return float(len(completion) % 2)\n"
+)
+
+
+def test_cpu_variant_trains_with_the_naming_overrides(tmp_path):
+  model_dir = tmp_path / "my-model"
+  torch_model("llama").save_pretrained(model_dir)
+  tiny_tokenizer().save_pretrained(model_dir)
+  rows = [{"question": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(2, 10)]
+  (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "parity.py").write_text(PARITY)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+  env.pop("XLA_FLAGS", None)
+  env["PYTHONPATH"] = ROOT
+  config = os.path.join(ROOT, "experiments", "configs", "custom.py")
+  base, _ = model_io.load_model({"source": "hf", "path": str(model_dir)})
+  base = named_leaves(models.params(base))
+  for method in ("es", "grpo"):
+    workdir = tmp_path / method
+    naming = [
+      f"--config.model.path={model_dir}",
+      "--config.data.path=qa.jsonl",
+      "--config.data.reward=parity.py:score",
+    ]
+    method_flag = [] if method == "es" else ["--config.method=grpo"]  # es: the default
+    command = ["-m", "experiments.main", f"--config={config}:cpu", f"--workdir={workdir}"]
+    out = subprocess.run(
+      [sys.executable, *command, *naming, *method_flag, *SHRINK],
+      cwd=tmp_path,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=1800,  # a hang guard only
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = [r for r in read_metrics(str(workdir / "metrics.jsonl")) if r["step"] > 0]
+    spread = [r.get("fitness/std", r.get("reward/std", 0.0)) for r in metrics]
+    assert len(metrics) == 2 and max(spread) > 0, f"{method}: rewards never varied"
+    step, params = checkpoint_params(str(workdir / "checkpoints"))
+    assert step == 2 and set(params) == set(base)
+    assert any(not np.allclose(params[k], base[k]) for k in base), f"{method}: weights never moved"
+    assert (workdir / "DONE").exists()
+    # log_samples_every is 10: the first and the last step's completions are saved anyway.
+    lines = (workdir / "samples.jsonl").read_text().splitlines()
+    assert sorted({json.loads(ln)["step"] for ln in lines}) == [1, 2]

@@ -84,6 +84,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.sequential = _sequential()
   c.checkpoint = dict(every=5, keep=3, async_save=True)
   c.export_hf = True  # write the final params as an HF directory (workdir/hf)
+  # Stop a run (one `error:` line, exit status 2) when one update changes the weights by more
+  # than this fraction of their norm, ‖Δθ‖₂/‖θ‖₂ (ES: a step; GRPO: an optimizer step); 0 = no
+  # check. Shipped configs reach below 1e-2 (docs/usage.md); experiments/run_guard.py.
+  c.max_update_ratio = 0.1
   # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
@@ -96,7 +100,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.decode = dict(kv_chunk=0, compactions=0)
   c.progress = True
   # Training completions for reading what the model wrote (experiments/samples_log.py): every
-  # `log_samples_every` steps (0 = never), `log_samples` of them with their rewards (ES: members
+  # `log_samples_every` steps and at each stage's first and last step (0 = never), `log_samples`
+  # of them with their rewards (ES: members
   # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
   # and TensorBoard text.
   c.log_samples_every = 10
@@ -212,6 +217,9 @@ def _eval() -> dict:
     periodic_limit=16,  # problems in a periodic eval (the first `periodic_limit` of the slice)
     periodic_num_samples=4,
     final=True,  # evaluate the final params on `limit` problems and write workdir/eval
+    # True: start the final evaluation over, moving a saved WORKDIR/eval to eval.stale-<n> (a
+    # resume with other eval settings is refused otherwise); every run with it set starts over
+    restart=False,
     # The final evaluation's prompt, completions, extracted answers and verdicts of the first
     # `keep_samples` problems of each task, in eval/<label>.samples.jsonl (0 = none)
     keep_samples=16,
