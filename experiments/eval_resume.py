@@ -20,7 +20,6 @@ from typing import Any
 from es_jax import sampling
 from experiments import eval_results
 from experiments.config_errors import ConfigError
-from experiments.eval_tasks import TaskSpec
 
 log = logging.getLogger(__name__)
 
