@@ -18,8 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from es_jax import sampling
-from experiments import eval_results
+from experiments import eval_data, eval_results
 from experiments.config_errors import ConfigError
+from experiments.eval_tasks import EvalSettings, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +29,32 @@ _FIELDS = {"key": "seed", "label": "eval.task", "task": "eval.task", "greedy": "
 _FIELDS.update(eos_ids="model (its stop tokens)", pad_id="model (its pad token)")
 
 
+def task_meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
+  """The sampling settings and problems (`eval_data.problem_counts`) of `<label>.meta.json`; a
+  resume with other values is refused (other problems included)."""
+  return {
+    "label": task.label,
+    "task": task.task,
+    **eval_data.problem_counts(task),
+    "num_samples": settings.num_samples,
+    "temperature": float(settings.temperature),
+    "top_p": float(settings.top_p),
+    "max_new_tokens": settings.max_new_tokens,
+    "batch_size": settings.batch_size,
+    "greedy": bool(settings.greedy),
+    "eos_ids": list(eos_ids),
+    "pad_id": pad_id,
+    "key": eval_results.key_json(key),
+    "run_info": json.loads(json.dumps(run_info)) if run_info else None,
+    # only when on, so that evaluations saved before the field existed still resume
+    **({"refill": True} if settings.refill else {}),
+  }
+
+
 def saved_differences(evaluator: Any, eval_dir: str) -> list[str]:
   """ "<field> (<saved> saved, <value> now)" for every setting of the final evaluation
   (`evaluate.Evaluator.final`) that differs from the one saved in `eval_dir`; the params it
   scored (run_info) are left out."""
-  from experiments import evaluate  # evaluate imports this module
-
   settings = evaluator.settings(int(evaluator.config.num_samples))
   eos = evaluator.tokenizer.eos_token_id
   eos_ids = () if eos is None else (int(eos),)
@@ -45,7 +66,7 @@ def saved_differences(evaluator: Any, eval_dir: str) -> list[str]:
       continue
     with open(path) as f:
       saved = json.load(f)
-    now = evaluate.task_meta(spec, settings, eos_ids, pad_id, evaluator.key, None)
+    now = task_meta(spec, settings, eos_ids, pad_id, evaluator.key, None)
     now = json.loads(json.dumps(now))
     for k in sorted((set(saved) | set(now)) - {"run_info"}):
       if saved.get(k) != now.get(k):

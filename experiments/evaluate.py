@@ -58,6 +58,7 @@ from experiments import (
 )
 from experiments.config_check import check, positive_int
 from experiments.eval_resume import prepare as prepare_resume
+from experiments.eval_resume import task_meta
 from experiments.eval_tasks import EvalSettings, TaskSpec
 from experiments.eval_tasks import eval_section as eval_section  # re-exported (tests)
 from experiments.logger import write_run_files
@@ -151,28 +152,6 @@ def evaluate_model(
   if jsonl is not None and scorer.calls:
     eval_results.append_timing(out_dir, label, seconds=seconds, problems=progress.new(records))
   return _summary(task, settings, records, scorer, seconds, out_dir if writer else None)
-
-
-def task_meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
-  """The sampling settings and problems (`eval_data.problem_counts`) of `<label>.meta.json`; a
-  resume with other values is refused (other problems included)."""
-  return {
-    "label": task.label,
-    "task": task.task,
-    **eval_data.problem_counts(task),
-    "num_samples": settings.num_samples,
-    "temperature": float(settings.temperature),
-    "top_p": float(settings.top_p),
-    "max_new_tokens": settings.max_new_tokens,
-    "batch_size": settings.batch_size,
-    "greedy": bool(settings.greedy),
-    "eos_ids": list(eos_ids),
-    "pad_id": pad_id,
-    "key": eval_results.key_json(key),
-    "run_info": json.loads(json.dumps(run_info)) if run_info else None,
-    # only when on, so that evaluations saved before the field existed still resume
-    **({"refill": True} if settings.refill else {}),
-  }
 
 
 def _open_records(
