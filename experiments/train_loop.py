@@ -25,6 +25,7 @@ from etils import epath
 from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
 from experiments import (
+  compile_cache,
   evaluate,
   model_io,
   report_curves,
@@ -191,7 +192,8 @@ class Loop:
         stage.num_steps,
         f" (resumed from step {self.start})" if self.start else "",
       )
-    self._t = time.perf_counter()
+    self._t, self._compile0 = time.perf_counter(), compile_cache.compile_seconds()
+    self._c = self._compile0
 
   def _logger(self, *, fresh: bool) -> tuple[RunLogger, int | None]:
     """The run's logger and resume step: metrics.jsonl truncated to this stage's resume point (a
@@ -264,7 +266,7 @@ class Loop:
       if self.preempt.should_stop():
         self.stopped = True
         return
-      self._t = time.perf_counter()
+      self._t, self._c = time.perf_counter(), compile_cache.compile_seconds()
       yield step
     self.stopped = self.preempt.should_stop()
 
@@ -291,6 +293,7 @@ class Loop:
       if self.ctx.evaluator.due(step, self.stage.num_steps):
         values.update(self._periodic(params, self.stage.offset + step))
     values["step_seconds"] = self.step_seconds()
+    values["compile_seconds"] = compile_cache.compile_seconds() - self._c  # of step_seconds
     per_step = run_data.samples_per_step(self.ctx.config, self.stage.name)
     values["train/samples"] = self.stage.samples_offset + step * per_step
     self.log(step, values)
@@ -311,6 +314,12 @@ class Loop:
     """Waits for checkpoints, closes files; returns whether the stage ran to its end."""
     self.ckpt.wait()
     self.ckpt.close()
+    compiling = compile_cache.compile_seconds() - self._compile0
+    log.info(
+      "%s: %.1f s compiling (experiments.compile_cache)",
+      self.stage.label or self.stage.name,
+      compiling,
+    )
     self.bar.close()
     self.logger.close()
     if self._own_handler:
