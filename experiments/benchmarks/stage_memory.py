@@ -15,6 +15,11 @@ resets it (``/proc/self/clear_refs``) and reads it again after the steps:
 * load: the peak while importing JAX and loading the model and data.
 * stage: the peak during the steps (compiles included), the figure the goal compares.
 
+``--update_analysis PROMPT_LEN`` instead prints XLA's compiled memory analysis of the GRPO update
+alone (`es_jax.grpo_update.update_step(..., lower=True)` on abstract SmolLM2-135M shapes: no
+weights, nothing run) for the demo's rollout (4 prompts x 8 generations, 32 new tokens, one
+mini-batch) at micro-batch sizes 16, 8 and 4, with and without ``remat``.
+
 ``--set`` overrides config fields in the child (``--set grpo.micro_batch_size=8``); periodic
 evaluation and checkpoints are pushed past the last step so only training is measured.
 """
@@ -96,6 +101,43 @@ def run_child(stage: str, args) -> dict:
   return json.loads(lines[-1][len(_MARKER) :])
 
 
+def update_analysis(prompt_len: int) -> None:
+  """XLA's memory plan of the demo's GRPO update on SmolLM2-135M shapes (see the docstring)."""
+  import jax
+  import jax.numpy as jnp
+
+  from es_jax import grpo_update
+  from es_jax.models import get_config, param_shapes
+
+  config, rows, new_tokens = get_config("smollm2-135m"), 32, 32
+  params = jax.tree.map(
+    lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
+    param_shapes(config),
+    is_leaf=lambda x: isinstance(x, tuple),
+  )
+  optimizer = grpo_update.make_optimizer(1e-5)
+  state = grpo_update.abstract_state(params, optimizer)
+  S = prompt_len + new_tokens
+  arrays = {"tokens": jnp.int32, "mask": bool, "loss_mask": bool, "sampler_logp": jnp.float32}
+  shapes = {k: (rows, S if k in ("tokens", "mask") else S - 1) for k in arrays}
+  batch = grpo_update.GRPOBatch(
+    **{k: jax.ShapeDtypeStruct(shapes[k], dtype) for k, dtype in arrays.items()},
+    advantages=jax.ShapeDtypeStruct((rows,), jnp.float32),
+    completion_length=new_tokens,
+  )
+  print(f"GRPO update, SmolLM2-135M shapes, {rows} rows of {S} tokens, float32, XLA:CPU plan (MiB)")
+  print(f"{'micro-batch':>12} {'remat':>6} {'arguments':>10} {'temporaries':>12}")
+  for micro in (16, 8, 4):
+    for remat in (False, True):
+      settings = grpo_update.UpdateSettings(rows, micro, remat=remat)
+      kw = dict(config=config, optimizer=optimizer, lower=True)
+      ma = grpo_update.update_step(state, batch, None, settings, **kw).compile().memory_analysis()
+      print(
+        f"{micro:>12} {str(remat):>6} {ma.argument_size_in_bytes / MiB:10.0f} "
+        f"{ma.temp_size_in_bytes / MiB:12.0f}"
+      )
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(
     description=__doc__.splitlines()[0],
@@ -106,8 +148,14 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=2, help="training steps per stage")
   parser.add_argument("--stages", default="es,grpo", help="stages to run, comma-separated")
   parser.add_argument("--set", action="append", default=[], help="config override key=value")
+  parser.add_argument(
+    "--update_analysis", type=int, default=0, metavar="PROMPT_LEN", help="see the docstring"
+  )
   parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
+  if args.update_analysis:
+    update_analysis(args.update_analysis)
+    return
   if args._child is not None:
     print(_MARKER + json.dumps(child(args)), flush=True)
     return
