@@ -107,7 +107,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert row["eval min"] != "n/a" and float(row["eval min"]) >= 0.0
     if name != "base":
       assert float(row["train min"]) > 0.0 and float(row["drift"]) > 0.0
-      assert float(row["compile s"]) <= 60.0 * float(row["train min"]) + 0.1
+      assert 0.0 <= float(row["compile s"]) <= 60.0 * (float(row["train min"]) + 0.05) + 0.05
   # Rerun: every run is finished; the report is rebuilt from the same files, minutes included.
   table = [ln for ln in report.splitlines() if ln.startswith("| ")]
   demo.run(config, str(tmp_path))
