@@ -148,8 +148,18 @@ def completion_logprobs(
   `remat` recomputes each layer in the backward pass (see `es_jax.models.transformer.forward`).
   """
   positions = positions_from_mask(mask)
-  logits, _ = forward(params, tokens, positions, config=config, mask=mask, remat=remat)
-  logits = logits[:, -completion_length - 1 : -1]  # [B, T, V]: row j predicts token S − T + j
+  # Only the last T + 1 positions go through the lm head ([B, T + 1, V], not [B, S, V]); the
+  # last one predicts past the sequence and is dropped.
+  logits, _ = forward(
+    params,
+    tokens,
+    positions,
+    config=config,
+    mask=mask,
+    last_only=completion_length + 1,
+    remat=remat,
+  )
+  logits = logits[:, :-1]  # [B, T, V]: row j predicts token S − T + j
   return token_logprobs_from_logits(logits, tokens[:, -completion_length:], chunk_size=chunk_size)
 
 

@@ -5,6 +5,9 @@
     python -m experiments.main --config experiments/configs/NAME.py --help_config
 
 `--help_config` prints every key of the config (value, allowed values, meaning) and exits.
+Compiled programs are kept in JAX's persistent compilation cache (experiments.compile_cache;
+~/.cache/es_jax/jax by default), so a rerun or a later stage loads them instead of compiling;
+`--compile_cache=DIR` moves it, `--compile_cache=` turns it off.
 `config.method` picks the runner from `experiments.configs.base.METHODS` (each module exposes
 `run(config, workdir)`). The config is locked and validated before anything is loaded
 (`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
@@ -52,6 +55,12 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (local or gs://)")
 _DRY_RUN = flags.DEFINE_bool(
   "dry_run", False, "validate the config, load the model and data, and exit without training"
+)
+_COMPILE_CACHE = flags.DEFINE_string(
+  "compile_cache",
+  None,
+  "directory of JAX's persistent compilation cache (default: $ES_JAX_COMPILE_CACHE, else "
+  "$XDG_CACHE_HOME/es_jax/jax or ~/.cache/es_jax/jax); empty turns it off",
 )
 _HELP_CONFIG = flags.DEFINE_bool(
   "help_config",
@@ -250,11 +259,20 @@ def main(argv) -> None:
   if not _WORKDIR.value:
     user_error("--workdir is required: the run directory (local or gs://).")
   from es_jax import preemption
+  from experiments import compile_cache
 
+  cache = _COMPILE_CACHE.value
+  cache = compile_cache.enable(compile_cache.default_dir() if cache is None else cache)
+  compile_cache.compile_seconds()  # starts counting
   # One SIGTERM flag from here to the end (every stage, the final evaluation and export): a
   # SIGTERM at any moment ends the run with its state saved and exit status 0.
   with preemption.sigterm_scope():
     summary = _main()
+  log.info(
+    "compiling took %.1f s in this process (persistent cache: %s)",
+    compile_cache.compile_seconds(),
+    cache or "off",
+  )
   print(json.dumps(summary, indent=1, default=str))
 
 

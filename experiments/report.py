@@ -147,7 +147,7 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
   """The markdown lines of one task's table (one row per run)."""
   ks = _ks(runs, label)
   head = ["method", "steps", "greedy", *[f"Pass@{k}" for k in ks], *[f"Maj@{k}" for k in ks]]
-  head += ["entropy (nats)", "drift", "JS_succ [95% CI]", "train min", "eval min"]
+  head += ["entropy (nats)", "drift", "JS_succ [95% CI]", "train min", "compile s", "eval min"]
   lines = eval_results.markdown_header(head)
   for run in runs:
     t = run.tasks.get(label)
@@ -179,6 +179,8 @@ def task_table(runs: Sequence[Run], label: str, notes: list[str]) -> list[str]:
       notes.append(f"{run.name}: JS_succ: no diversity/table.json (method=diversity) in the run.")
     train = train_seconds(run)
     cells.append(_fmt(train / 60, digits=1) if train is not None else NA)
+    compiling = train_seconds(run, "compile_seconds")
+    cells.append(_fmt(compiling, digits=1) if compiling is not None else NA)
     if run.eval_seconds is None and t is not None:
       notes.append(f"{run.name}: eval min: no eval/timing.jsonl (an older evaluation).")
     cells.append(_fmt(run.eval_seconds / 60, digits=1) if run.eval_seconds is not None else NA)
@@ -314,7 +316,9 @@ _LEGEND = (
   "(drawn at the evaluation temperature; the model's untempered distribution), token-weighted. "
   "Drift: the last logged ‖θ−θ₀‖/‖θ₀‖. JS_succ: the ES population's success diversity "
   "(docs/method.md §6). Train min: Σ step_seconds of metrics.jsonl (each step once after a "
-  "resume; periodic evaluations included, model loading not); eval min: the final "
+  "resume; periodic evaluations included, model loading not); compile s: the part of those "
+  "seconds spent tracing and compiling programs, or loading them from the persistent "
+  "compilation cache; eval min: the final "
   "evaluation's eval/timing.jsonl, summed over resumed segments."
 )
 

@@ -32,10 +32,11 @@ def steps_cell(run: Run) -> tuple[str, str | None]:
   return str(len(rows)), None
 
 
-def train_seconds(run: Run) -> float | None:
-  """Σ step_seconds over the logged steps (a resume keeps each step's line once), or None."""
+def train_seconds(run: Run, key: str = "step_seconds") -> float | None:
+  """Σ `key` (step_seconds, or compile_seconds: the compiling within them) over the logged steps
+  (a resume keeps each step's line once), or None where no step logged it."""
   rows = _train_rows(run)
-  values = [r["step_seconds"] for r in rows if math.isfinite(r["step_seconds"])]
+  values = [r[key] for r in rows if isinstance(r.get(key), float) and math.isfinite(r[key])]
   return float(sum(values)) if values else None
 
 

@@ -25,6 +25,7 @@ from etils import epath
 from es_jax import integrity, metrics, preemption, sharding
 from es_jax.checkpoint import Checkpointer
 from experiments import (
+  compile_cache,
   eval_resume,
   evaluate,
   model_io,
@@ -195,7 +196,8 @@ class Loop:
         stage.num_steps,
         f" (resumed from step {self.start})" if self.start else "",
       )
-    self._t = time.perf_counter()
+    self._t, self._compile0 = time.perf_counter(), compile_cache.compile_seconds()
+    self._c = self._compile0
 
   def _logger(self, *, fresh: bool) -> tuple[RunLogger, int | None]:
     """The run's logger and resume step: metrics.jsonl truncated to this stage's resume point (a
@@ -270,7 +272,7 @@ class Loop:
       if self.preempt.should_stop():
         self.stopped = True
         return
-      self._t = time.perf_counter()
+      self._t, self._c = time.perf_counter(), compile_cache.compile_seconds()
       yield step
     self.stopped = self.preempt.should_stop()
 
@@ -307,6 +309,7 @@ class Loop:
       if self.ctx.evaluator.due(step, self.stage.num_steps):
         values.update(self._periodic(params, self.stage.offset + step))
     values["step_seconds"] = self.step_seconds()
+    values["compile_seconds"] = compile_cache.compile_seconds() - self._c  # of step_seconds
     per_step = run_data.samples_per_step(self.ctx.config, self.stage.name)
     values["train/samples"] = self.stage.samples_offset + step * per_step
     self.log(step, values)
@@ -353,6 +356,8 @@ class Loop:
       where = self.stage.ckpt_dir
       self.saved = f"the checkpoint of step {self.stage.offset + int(step)} is in {where}"
     self.ckpt.close()
+    compiling = compile_cache.compile_seconds() - self._compile0  # experiments.compile_cache
+    log.info("%s: %.1f s compiling", self.stage.label or self.stage.name, compiling)
     self.bar.close()
     self.logger.close()
     if self._own_handler:

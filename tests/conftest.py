@@ -6,6 +6,9 @@ import os
 os.environ.setdefault("XLA_FLAGS", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# No persistent compilation cache in tests (experiments.compile_cache): CLI subprocesses write
+# nothing to the user's cache directory; a test that wants one turns it on itself.
+os.environ["ES_JAX_COMPILE_CACHE"] = ""
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -66,6 +66,7 @@ def _logger_run(workdir, config, steps, *, stage_of=lambda s: None, reward_key="
           "entropy/mean": 1.0,
           "drift": 0.01 * s,
           "step_seconds": 1000.0 if s == 3 else steps[s],
+          "compile_seconds": 100.0 if s == 3 else steps[s] / 10,
         },
         stage=stage_of(s),
       )
@@ -74,7 +75,13 @@ def _logger_run(workdir, config, steps, *, stage_of=lambda s: None, reward_key="
       if s > 2:
         log.log(
           s,
-          {reward_key: 0.1 * s, "entropy/mean": 0.9, "drift": 0.01 * s, "step_seconds": steps[s]},
+          {
+            reward_key: 0.1 * s,
+            "entropy/mean": 0.9,
+            "drift": 0.01 * s,
+            "step_seconds": steps[s],
+            "compile_seconds": steps[s] / 10,
+          },
           stage=stage_of(s),
         )
 
@@ -175,7 +182,7 @@ def test_report_values_equal_hand_computed_ones(runs, tmp_path):
   # Token-weighted entropy: Σ entropy / Σ tokens = (8 + 24 + 4) / (16 + 12 + 4).
   assert base["entropy (nats)"].startswith(f"{36 / 32:.3f} ± ")
   assert base["eval min"] == "2.0"  # 90 s + 30 s over two segments
-  for col in ("steps", "drift", "JS_succ [95% CI]", "train min"):
+  for col in ("steps", "drift", "JS_succ [95% CI]", "train min", "compile s"):
     assert base[col] == "n/a"
   assert "base: steps, train min: no metrics.jsonl." in result["notes"]
 
@@ -183,6 +190,7 @@ def test_report_values_equal_hand_computed_ones(runs, tmp_path):
   assert es["steps"] == "4"
   # The resumed run: step 3's first attempt (1000 s) was dropped, 30 + 60 + 60 + 90 = 240 s.
   assert es["train min"] == "4.0"
+  assert es["compile s"] == "24.0"  # a tenth of each kept step's seconds: 3 + 6 + 6 + 9
   assert es["drift"] == "0.0400"
   assert es["JS_succ [95% CI]"] == "0.0123 [0.0100, 0.0150]"
   assert es["Pass@1"] == f"{(0.5 + 1 + 1) / 3:.3f} ± {np.std([0.5, 1, 1], ddof=1) / 3**0.5:.3f}"
@@ -260,7 +268,8 @@ def test_stage_subdir_and_names_and_several_tasks(runs, tmp_path):
   assert "B: math500 metrics: task math500 not evaluated." in result["notes"]
   stage = _row(text[: text.index("## math500")], "S2")
   assert stage[1] == "2" and stage[3] == "n/a"  # the stage's 2 steps; its eval is the parent's
-  assert stage[-2] == f"{40 / 60:.1f}"  # steps 3 and 4 of the parent: 20 s + 20 s
+  assert stage[-3] == f"{40 / 60:.1f}"  # steps 3 and 4 of the parent: 20 s + 20 s
+  assert stage[-2] == "4.0"  # their compile seconds, a tenth of that
   for name in ("pareto_gsm8k", "pass_at_k_gsm8k", "pareto_math500", "pass_at_k_math500"):
     assert os.path.getsize(result["figures"][name]) > 1000
 

@@ -52,6 +52,10 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     _, saved = checkpoint_params(str(tmp_path / name / "checkpoints"))
     assert {a.dtype for a in saved.values()} == {np.dtype(np.float32)}
     assert json.load(open(tmp_path / name / "hf" / "config.json"))["dtype"] == "bfloat16"
+    # Each step logs the part of its seconds spent compiling (experiments.compile_cache).
+    timed = [r for r in rows if "step_seconds" in r]
+    assert len(timed) == config[name].num_steps
+    assert all(0.0 <= r["compile_seconds"] <= r["step_seconds"] for r in timed), name
   for name, (m1, m2) in (("grpo_es", ("grpo", "es")), ("es_grpo", ("es", "grpo"))):
     workdir = tmp_path / name
     assert_run_outputs(str(workdir), str(workdir / f"stage2_{m2}" / "checkpoints"))
@@ -105,6 +109,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert row["eval min"] != "n/a" and float(row["eval min"]) >= 0.0
     if name != "base":
       assert float(row["train min"]) > 0.0 and float(row["drift"]) > 0.0
+      assert 0.0 <= float(row["compile s"]) <= 60.0 * (float(row["train min"]) + 0.05) + 0.05
   # Rerun: every run is finished; the report is rebuilt from the same files, minutes included.
   table = [ln for ln in report.splitlines() if ln.startswith("| ")]
   demo.run(config, str(tmp_path))

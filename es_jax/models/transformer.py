@@ -174,7 +174,7 @@ def forward(
   cache_index: jax.Array | int = 0,
   deltas: Params | None = None,
   delta_scale: jax.Array | float | None = None,
-  last_only: bool = False,
+  last_only: bool | int = False,
   remat: bool = False,
   kv_chunk: int | None = None,
 ) -> tuple[jax.Array, KVCache | None]:
@@ -196,7 +196,9 @@ def forward(
     deltas: optional low-rank perturbations, a dict mirroring `params` with (a, b) pairs on
       matrices (layer matrices carry a leading L axis). See the module docstring.
     delta_scale: c in W + c a bᵀ.
-    last_only: return logits of the last position only ([B, 1, V]), for prefill.
+    last_only: return logits of the last position only ([B, 1, V]), for prefill; an int n >= 1
+      (static), of the last n positions ([B, n, V]): the lm head and its backward pass then
+      cover those rows only (GRPO scores the completion's T + 1 positions, not the prompt's).
     remat: recompute each scanned layer in the backward pass instead of saving its activations
       (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
       [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
@@ -238,7 +240,7 @@ def forward(
   else:
     h, new_cache = run_scanned_cached(blk, h, layers, layer_deltas, cache)
   if last_only:
-    h = h[:, -1:]
+    h = h[:, -int(last_only) :]  # True: the last position
   h = rms_norm(h, params["final_norm"], c.norm_eps)
   logits = _unembed(params, h, deltas, delta_scale).astype(jnp.float32)
   return logits, new_cache
