@@ -313,8 +313,8 @@ class Evaluator:
     # task's problems are disjoint from the training pool (experiments.eval_data).
     tasks = eval_data.load_eval_tasks(config) if tasks is None else tasks
     self.task, self.label, self.examples = tasks.main.task, tasks.main.label, tasks.main.examples
-    correct_fn = run_data.eval_correct_fn(config.data, self.task, self.examples)
-    self.main, self.extra = tasks.main._replace(correct_fn=correct_fn), tasks.extra
+    self.correct_fn = run_data.eval_correct_fn(config.data, self.task, self.examples)
+    self.main, self.extra = tasks.main._replace(correct_fn=self.correct_fn), tasks.extra
 
   def settings(self, num_samples: int) -> EvalSettings:
     ev = self.config

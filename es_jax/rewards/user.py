@@ -24,7 +24,6 @@ import functools
 import os
 import pickle
 import select
-import signal
 import struct
 import subprocess
 import sys
@@ -32,6 +31,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from es_jax.rewards.verifier import kill_worker
 
 _WORKER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_user_worker.py")
 _HEADER = struct.Struct("<I")
@@ -166,18 +167,7 @@ class UserReward:
 
   def _kill(self) -> None:
     proc, self._proc = self._proc, None
-    if proc is None:
-      return
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout):
-      try:
-        stream.close()
-      except OSError:
-        pass
+    kill_worker(proc)
 
   def _request(self, request: tuple, where: Callable[[], str]) -> tuple:
     """Sends `request`, returns the reply; RewardError (worker killed) when none comes in time."""

@@ -59,6 +59,23 @@ def _wait(fd: int, event: int, deadline: float) -> bool:
   return bool(poller.poll(remaining * 1000))
 
 
+def kill_worker(proc: subprocess.Popen | None) -> None:
+  """Kills a worker started with start_new_session=True (its whole process group), reaps it and
+  closes its pipes; None does nothing."""
+  if proc is None:
+    return
+  try:
+    os.killpg(proc.pid, signal.SIGKILL)
+  except (ProcessLookupError, PermissionError):
+    pass
+  proc.wait()
+  for stream in (proc.stdin, proc.stdout):
+    try:
+      stream.close()
+    except OSError:
+      pass
+
+
 class VerifierError(RuntimeError):
   """A check failed, timed out or crashed the worker; callers score the answer as incorrect."""
 
@@ -152,18 +169,7 @@ class VerifierProcess:
 
   def _kill(self):
     proc, self._proc = self._proc, None
-    if proc is None:
-      return
-    try:
-      os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-      pass
-    proc.wait()
-    for stream in (proc.stdin, proc.stdout):
-      try:
-        stream.close()
-      except OSError:
-        pass
+    kill_worker(proc)
 
   def _request(self, op, args, timeout_s):
     deadline = time.monotonic() + float(timeout_s)
