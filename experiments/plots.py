@@ -20,7 +20,7 @@ Series = tuple[Sequence[float], Sequence[float]]
 # Line styles cycled with the colours, so that runs whose curves coincide (a sequential run's
 # first stage repeats the single-method run) stay findable; ":" is kept for stage boundaries.
 LINESTYLES = ("-", "--", "-.", (0, (8, 2, 2, 2, 2, 2)))
-# The smallest y range of a metric plot, relative to max(1, |centre|) (`_min_y_span`).
+# The smallest y range of a metric plot, relative to max(1, |centre|) (`_plain_y_axis`).
 MIN_Y_SPAN = 0.02
 
 
@@ -161,8 +161,7 @@ def metric_figure(
       switch = f"{label}: stage switch" if j == 0 else None
       ax.axvline(x, *band, color=line.get_color(), linestyle=":", linewidth=1.6, label=switch)
   ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  ax.ticklabel_format(axis="y", useOffset=False)
-  _min_y_span(ax)
+  _plain_y_axis(ax)
   ax.set_xlabel(xlabel)
   ax.set_ylabel(ylabel)
   ax.grid(True, alpha=0.3)
@@ -175,10 +174,11 @@ def metric_figure(
   return fig
 
 
-def _min_y_span(ax) -> None:
-  """Widens the y axis to at least MIN_Y_SPAN x max(1, |centre|) around its centre: a flat
-  series (0.15625 at every step, or float32 noise of 1e-8 around it) draws flat, not as swings
-  across the whole height."""
+def _plain_y_axis(ax) -> None:
+  """A y axis that never shows noise as swings: plain values (no offset) and a range of at least
+  MIN_Y_SPAN x max(1, |centre|) around its centre, so a flat series (0.15625 at every step, or
+  float32 noise of 1e-8 around it) draws flat, not across the whole height."""
+  ax.ticklabel_format(axis="y", useOffset=False)
   lo, hi = ax.get_ylim()
   centre, span = (lo + hi) / 2, MIN_Y_SPAN * max(1.0, abs((lo + hi) / 2))
   if np.isfinite(centre) and hi - lo < span:

@@ -6,10 +6,11 @@ Three checks, for ES and GRPO alike (`experiments.train_loop.Loop` calls them ev
   signal (a broken reward, or a model producing garbage); stopped before the update.
 - the update is too large: ``‖Δθ‖₂ / ‖θ‖₂ > config.max_update_ratio`` for one optimizer update
   (ES: one step; GRPO: the largest of a step's mini-batch updates), θ the weights it was
-  applied to. A well-tuned run moves its weights by a small fraction per step (ES at the paper's
-  α = 2.5e-4 on SmolLM2-135M: about 5e-4; docs/usage.md has the measured values), so a ratio of
-  `DEFAULT_MAX_UPDATE_RATIO` means the learning rate is orders of magnitude off
-  (`es.learning_rate=1e30`) and the weights will hold noise or overflow.
+  applied to. For ES it is about α / (√N · RMS of the weights); a run moves its weights by a
+  small fraction per step (the shipped configs' `:smoke` runs, on random tiny models whose small
+  weights give the largest ratios, reach at most 0.012; docs/usage.md), so a ratio above
+  `DEFAULT_MAX_UPDATE_RATIO` means the learning rate is far off (`es.learning_rate=1e30`) and
+  the weights will hold noise or overflow.
 - the updated weights hold NaN or ±inf (checked in `train_loop.Loop.end_step`).
 
 Each raises `RunDivergedError`, which `experiments.main` prints as one `error: ...` line with a

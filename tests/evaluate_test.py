@@ -447,3 +447,16 @@ def test_reward_plot_smooths_with_a_debiased_ema_and_keeps_every_line_findable()
   assert list(faint[0].get_ydata()) == same  # the raw values, faint
   with pytest.raises(ValueError, match="ema must be in"):
     plots.metric_figure({"ES": (steps, same)}, ylabel="r", ema=1.0)
+
+
+def test_training_run_with_other_eval_settings_is_refused_before_writing(tmp_path):
+  """A finished run rerun with eval.refill flipped: refused at startup, config.json untouched."""
+  from experiments import es_runner
+
+  config = smoke_config(demo_config, method="es", eval__every=0, export_hf=False)
+  es_runner.run(config, str(tmp_path))
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  with pytest.raises(ConfigError, match=r"eval\.refill.*--config\.eval\.restart=True"):
+    es_runner.run(with_fields(config, eval__refill=True), str(tmp_path))
+  after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and p.name != "run.lock"}
+  assert after == {p: b for p, b in before.items() if p.name != "run.lock"}

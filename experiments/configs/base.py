@@ -86,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.export_hf = True  # write the final params as an HF directory (workdir/hf)
   # Stop a run (one `error:` line, exit status 2) when one update changes the weights by more
   # than this fraction of their norm, ‖Δθ‖₂/‖θ‖₂ (ES: a step; GRPO: an optimizer step); 0 = no
-  # check. Shipped configs reach below 1e-2 (docs/usage.md); experiments/run_guard.py.
+  # check. The shipped configs' smoke runs reach at most 0.012 (docs/usage.md); run_guard.py.
   c.max_update_ratio = 0.1
   # check_memory: on TPU devices, refuse a config whose programs es_jax.memory_plan predicts not
   # to fit the chip's HBM (before the first step); False skips the check.
