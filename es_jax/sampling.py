@@ -57,8 +57,8 @@ class Decoding:
     top_p: nucleus mass in (0, 1), or None.
     eos_ids: tokens that end a completion (the EOS token is kept and counted in the length).
     pad_id: filler after a completion ends.
-    kv_chunk: read the KV cache in chunks of this many slots up to the filled one (None: the
-      whole cache every step); static. See `generate`.
+    kv_chunk: read the shortest KV cache prefix (T, T/2, ... down to this many slots) that
+      holds the filled slots (None: the whole cache every step); static. See `generate`.
     compactions: halvings of the batch as rows end (finished rows stop costing); static.
   """
 
@@ -250,9 +250,10 @@ def generate(
       every layer's weights on every step. Default (None): `default_unroll_layers()`, on when
       the target is a CPU. Parameters whose "layers" are already unstacked always run unrolled,
       without that copy.
-    kv_chunk: a decode step reads the KV cache in chunks of this many slots, up to the last
-      filled one, so its attention cost follows the tokens so far; None reads the whole
-      allocated cache every step (the static decode). Static.
+    kv_chunk: a decode step reads the shortest of the KV cache's prefixes of T, T/2, T/4, ...
+      slots (down to this many) that holds the filled slots, so its attention cost follows the
+      tokens so far (at most about twice them); None reads the whole allocated cache every
+      step (the static decode). Static.
     compactions: how many times the batch may halve as rows end (finished rows leave the
       batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
       its longest row ends. Static. Neither changes a row's draws; both change the float
