@@ -4,9 +4,9 @@ A prefill over the left-padded prompts, then one model call per generated token,
 `lax.while_loop` that stops once every row has ended. Two things keep a step's cost following
 the tokens actually being generated:
 
-* The KV cache is read over the shortest of its prefixes of T, T/2, T/4, ... slots (down to
-  `kv_chunk`) that holds the filled slots (`es_jax.models.attention.bucketed_cached_attention`),
-  not over the whole allocated prompt + budget length.
+* While the generated tokens fit in the first `kv_chunk` slots after the prompt's, a step reads
+  only the prompt's slots and those (`es_jax.models.attention.bucketed_cached_attention`), not
+  the whole allocated prompt + budget length.
 * Rows that have ended leave the batch: the loop runs in phases of shrinking static batch sizes
   (P, ⌈P/2⌉, ⌈P/4⌉, ... rows per member, `compactions` halvings); a phase ends once every
   member's unfinished rows fit the next size, and the unfinished rows (with their cache) are
@@ -74,12 +74,12 @@ def phase_sizes(rows: int, compactions: int) -> tuple[int, ...]:
 
 
 def cache_length(prompt_len: int, max_new_tokens: int, kv_chunk: int | None) -> tuple[int, int]:
-  """(cache slots, shortest prefix read): None for dense reads, and for a chunk that is the
-  whole cache (one prefix: the dense read)."""
+  """(cache slots, short prefix read while it holds the filled slots: the prompt's and
+  `kv_chunk` more), the prefix None for dense reads and where it would be the whole cache."""
   need = prompt_len + max_new_tokens
-  if kv_chunk is None or kv_chunk >= need:
+  if kv_chunk is None or prompt_len + kv_chunk >= need:
     return need, None
-  return need, kv_chunk
+  return need, prompt_len + kv_chunk
 
 
 @functools.partial(

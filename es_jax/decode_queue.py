@@ -4,7 +4,7 @@ the longest completion of each batch of B.
 
 Every row keeps its own length: its cache slots are the prompt's S left-padded slots, then one
 slot per generated token, written at the row's own slot (`forward` with a cache index per row)
-and read over the shortest cache prefix that holds the furthest row's slots (`kv_chunk`).
+and read over the prompt's and the next `kv_chunk` slots while they hold the furthest row's.
 Whenever at least R = `refill_rows` rows are free (fewer once fewer items wait), the next R
 items are prefilled together into a fresh R-row cache, copied into the free rows, and emit their
 first token; then every row takes one decode step. Shapes are static throughout: one compiled

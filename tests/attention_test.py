@@ -31,11 +31,10 @@ def _allowed(kv_mask, first_slot, S):
   return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[:, :, None])
 
 
-def test_prefix_lengths_halve_down_to_the_chunk():
-  assert prefix_lengths(2048, 128) == (128, 256, 512, 1024, 2048)
-  assert prefix_lengths(288, 128) == (144, 288)  # halves rounded up to a multiple of 8
-  assert prefix_lengths(40, 4) == (8, 16, 24, 40)
+def test_prefix_lengths_are_the_chunk_and_the_whole_cache():
+  assert prefix_lengths(2048, 128) == (128, 2048)
   assert prefix_lengths(20, 20) == (20,)  # one prefix: the dense read
+  assert prefix_lengths(20, 32) == (20,)
 
 
 @pytest.mark.parametrize("chunk", [1, 8, 20, 40])
@@ -90,8 +89,8 @@ def test_bucketed_attention_reads_no_slot_after_its_prefix(key):
   """Garbage (NaN) in the slots after the block's prefix must not reach the output; the same
   garbage inside the prefix does (the test can fail)."""
   q, k_t, v, kv_mask = _block(key, S=1, T=40)
-  allowed = _allowed(kv_mask, 3, 1)  # slot 3: the shortest prefix, 8 slots (chunk 4)
-  for start, finite in ((8, True), (4, False)):
+  allowed = _allowed(kv_mask, 3, 1)  # slot 3: the short prefix, slots 0-3 (chunk 4)
+  for start, finite in ((4, True), (2, False)):
     k_bad, v_bad = k_t.at[..., start:].set(jnp.nan), v.at[:, :, start:].set(jnp.nan)
     for slot in (3, jnp.int32(3)):  # static and traced
       out = bucketed_cached_attention(q, k_bad, v_bad, allowed, slot, chunk=4)

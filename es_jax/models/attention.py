@@ -5,11 +5,11 @@ heads, K key/value heads, G = H / K, E head dim).
 
 `cached_attention` reads every slot of the cache, masked: a decode step costs the whole allocated
 length (prompt + budget) however few tokens are in it. `bucketed_cached_attention` reads the
-shortest of a few static prefixes of the cache (T, T/2, T/4, ... down to a chunk of slots:
+shortest of two static prefixes of the cache (its first `chunk` slots, or all T:
 `prefix_lengths`) that holds every slot up to the block's own: the dense read on a shorter cache,
-picked by one `lax.switch` per layer. A decode step at slot p thus reads at most
-max(2 (p + 1), chunk) slots, and at full fill it is the dense step itself. Equal to the dense form
-up to float rounding (the softmax sums the same terms without the masked slots' zeros).
+picked by one `lax.switch` per layer, so a step within the first chunk reads the chunk only, and
+past it the step is the dense step itself. Equal to the dense form up to float rounding (the
+softmax sums the same terms without the masked slots' zeros).
 
 A block's first slot (`index`) is one scalar for the whole batch (rows aligned by left padding:
 `es_jax.sampling.generate`) or one per row, [B] (rows at their own lengths:
@@ -177,21 +177,19 @@ def cached_attention(q, k_t, v, allowed):
 
 
 def prefix_lengths(slots: int, chunk: int) -> tuple[int, ...]:
-  """The cache prefixes a bucketed read picks from, shortest first: `slots`, halved (rounded up
-  to a multiple of 8) while the half still holds at least `chunk` slots. One compiled branch
-  each: log2(slots / chunk) + 1 of them."""
-  lengths = [slots]
-  while (half := -(-lengths[-1] // 16) * 8) >= chunk and half < lengths[-1]:
-    lengths.append(half)
-  return tuple(reversed(lengths))
+  """The cache prefixes a bucketed read picks from, shortest first: the first `chunk` slots and
+  the whole cache. Two on purpose: every prefix compiles one more copy of every layer's
+  attention (on SmolLM2's shapes a decode step's compile grew about 0.2x per extra prefix), so
+  the read follows the tokens at the start of a decode, where most short completions end."""
+  return (chunk, slots) if chunk < slots else (slots,)
 
 
 def bucketed_cached_attention(q, k_t, v, allowed, first_slot, *, chunk: int):
   """`cached_attention` over the shortest cache prefix of `prefix_lengths` that holds the block.
 
-  Each prefix is the dense read itself on a shorter cache (a static slice), so at full fill the
-  step is the dense step, and below it one `lax.switch` picks the branch: a step costs the
-  prefix it reads, at most twice the filled slots (or `chunk`).
+  Each prefix is the dense read itself on a shorter cache (a static slice), so past the first
+  `chunk` slots the step is the dense step, and within them one `lax.switch` picks the short
+  read.
 
   Args:
     q: [B, S, H, E] queries of the block at slots [first_slot, first_slot + S).

@@ -201,9 +201,8 @@ def forward(
       (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
       [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
       training long completions needs this; it costs about one more forward pass.
-    kv_chunk: with a cache, read only the shortest of its prefixes of T, T/2, T/4, ... (down
-      to this many slots) that holds the block (`attention.bucketed_cached_attention`); None
-      reads every slot.
+    kv_chunk: with a cache, read only its first kv_chunk slots while they hold the block
+      (`attention.bucketed_cached_attention`); None reads every slot.
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).

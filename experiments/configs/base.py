@@ -88,8 +88,8 @@ def base_config() -> ml_collections.ConfigDict:
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
   # How every decode is laid out (ES members, GRPO rollouts, evaluations, diversity): kv_chunk:
-  # a step reads the shortest KV cache prefix of T, T/2, T/4, ... slots, down to this many, that
-  # holds the filled ones (0 = the whole cache each step; at full fill the read is the same);
+  # while the generated tokens fit in this many KV cache slots after the prompt's, a step reads
+  # only those and the prompt's (0 = the whole cache each step; past them the read is the same);
   # compactions: halvings of the batch as rows end, so finished rows stop costing (each compiles
   # another copy of the step). Speed only, like the mesh (a resume may change them): tokens are
   # key-determined whatever the layout, but a sample within float rounding of a token boundary
