@@ -27,7 +27,7 @@ prefills each ran.
 (b) Step cost against cache fill. One decode step (`forward` with one new token per row over a
 cache of `budget` slots, layers unrolled as the CPU decode loop runs them, cache donated so it is
 updated in place) at fills of 5%, 50% and 100% of the budget, with the bucketed cache read
-(`kv_chunk=128`: the shortest prefix of 2048, 1024, ..., 128 slots holding the filled ones) and
+(`forward`'s `kv_chunk=128`: the first 128 slots while they hold the filled ones, else all) and
 the dense one: milliseconds per step (median of `repeats` + 2 steps after a compiling one), the
 5% / 100% ratio, each step's compile seconds (compiled ahead), and bucketed / dense ratios.
 
