@@ -4,9 +4,9 @@ A prefill over the left-padded prompts, then one model call per generated token,
 `lax.while_loop` that stops once every row has ended. Two things keep a step's cost following
 the tokens actually being generated:
 
-* The KV cache is read in chunks of `kv_chunk` slots, up to the last filled one
-  (`es_jax.models.attention.blocked_cached_attention`), not over the whole allocated
-  prompt + budget length.
+* While the generated tokens fit in the first `kv_chunk` slots after the prompt's, a step reads
+  only the prompt's slots and those (`es_jax.models.attention.bucketed_cached_attention`), not
+  the whole allocated prompt + budget length.
 * Rows that have ended leave the batch: the loop runs in phases of shrinking static batch sizes
   (P, ⌈P/2⌉, ⌈P/4⌉, ... rows per member, `compactions` halvings); a phase ends once every
   member's unfinished rows fit the next size, and the unfinished rows (with their cache) are
@@ -17,12 +17,12 @@ its draws are its original row's, ``u = uniform(fold_in(key, t), (P,))[row]`` at
 member key in member mode), exactly the static loop's. With JAX's partitionable threefry (the
 default), element ``row`` of that draw does not depend on P, so a row's tokens are a function of
 (key, row index, prompt, model) whatever else is in the batch, up to the float rounding of its
-logits: XLA:CPU's matmuls may round a row differently in a batch of another size, and the chunked
-softmax sums in another order than the dense one. That moves a sampled token only where the
-row's uniform falls within rounding of a token boundary (or a greedy near-tie), after which the
-row continues differently: on SmolLM2-135M, 1 row of 16 after 223 sampled tokens with
-compaction alone and 8 of 16 within 256 with chunked reads (docs/benchmarks.md); on the tiny
-test models, none.
+logits: XLA:CPU's matmuls may round a row differently in a batch of another size, and a prefix
+read sums the softmax without the masked slots' zeros, maybe in another order. That moves a
+sampled token only where the row's uniform falls within rounding of a token boundary (or a
+greedy near-tie), after which the row continues differently: on SmolLM2-135M, 1 row of 16
+after 223 sampled tokens with compaction alone (docs/benchmarks.md); on the tiny test models,
+none.
 """
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ def phase_sizes(rows: int, compactions: int) -> tuple[int, ...]:
 
 
 def cache_length(prompt_len: int, max_new_tokens: int, kv_chunk: int | None) -> tuple[int, int]:
-  """(cache slots, chunk): the slots rounded up to whole chunks; None chunk for dense."""
+  """(cache slots, short prefix read while it holds the filled slots: the prompt's and
+  `kv_chunk` more), the prefix None for dense reads and where it would be the whole cache."""
   need = prompt_len + max_new_tokens
-  if kv_chunk is None:
+  if kv_chunk is None or prompt_len + kv_chunk >= need:
     return need, None
-  chunk = min(kv_chunk, need)
-  return -(-need // chunk) * chunk, chunk
+  return need, prompt_len + kv_chunk
 
 
 @functools.partial(

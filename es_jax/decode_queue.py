@@ -4,12 +4,12 @@ the longest completion of each batch of B.
 
 Every row keeps its own length: its cache slots are the prompt's S left-padded slots, then one
 slot per generated token, written at the row's own slot (`forward` with a cache index per row)
-and read up to the furthest row's filled chunk (`kv_chunk`). Whenever at least
-R = `refill_rows` rows are free (fewer once fewer items wait), the next R items are prefilled
-together into a fresh R-row cache, copied into the free rows, and emit their first token; then
-every row takes one decode step. Shapes are static throughout: one compiled prefill of R rows
-and one decode step of B rows, in a `lax.while_loop`. Once no item waits, the last ones may
-finish in a batch that halves as rows go idle (`compactions` halvings, as in
+and read over the prompt's and the next `kv_chunk` slots while they hold the furthest row's.
+Whenever at least R = `refill_rows` rows are free (fewer once fewer items wait), the next R
+items are prefilled together into a fresh R-row cache, copied into the free rows, and emit their
+first token; then every row takes one decode step. Shapes are static throughout: one compiled
+prefill of R rows and one decode step of B rows, in a `lax.while_loop`. Once no item waits, the
+last ones may finish in a batch that halves as rows go idle (`compactions` halvings, as in
 `es_jax.decode_loop`; each compiles one more copy of the step).
 
 Draws: work item i draws its token j with ``row_uniform(keys[i], j)``, a function of its key and

@@ -32,10 +32,12 @@ from es_jax.models.transformer import Params, Transformer
 from es_jax.models.transformer import params as model_params
 
 # The decode loop's defaults (`generate`'s kv_chunk and compactions; see es_jax.decode_loop).
-# Off by default: the blocked attention sums the softmax in another order and a shrinking batch
-# rounds some rows differently on XLA:CPU, so sampled tokens near a boundary can change, and each
-# compaction phase compiles another copy of the step. Pass kv_chunk=128, compactions=2 (the
-# measured setting of docs/benchmarks.md) to read only the filled cache and drop finished rows.
+# Off for a direct call (runs set them with config.decode, whose kv_chunk default is 128): the
+# bucketed read sums the softmax without the masked slots and a shrinking batch rounds some rows
+# differently on XLA:CPU, so sampled tokens near a boundary can change, and each compaction
+# phase compiles another copy of the step. Pass kv_chunk=128 (and compactions=2) to read only
+# the prompt and the first 128 generated tokens' slots while they suffice (and drop finished
+# rows).
 KV_CHUNK = None
 COMPACTIONS = 0
 
@@ -57,8 +59,8 @@ class Decoding:
     top_p: nucleus mass in (0, 1), or None.
     eos_ids: tokens that end a completion (the EOS token is kept and counted in the length).
     pad_id: filler after a completion ends.
-    kv_chunk: read the KV cache in chunks of this many slots up to the filled one (None: the
-      whole cache every step); static. See `generate`.
+    kv_chunk: read only the prompt's and the next kv_chunk slots of the KV cache while they
+      hold the filled slots (None: the whole cache every step); static. See `generate`.
     compactions: halvings of the batch as rows end (finished rows stop costing); static.
   """
 
@@ -250,9 +252,10 @@ def generate(
       every layer's weights on every step. Default (None): `default_unroll_layers()`, on when
       the target is a CPU. Parameters whose "layers" are already unstacked always run unrolled,
       without that copy.
-    kv_chunk: a decode step reads the KV cache in chunks of this many slots, up to the last
-      filled one, so its attention cost follows the tokens so far; None reads the whole
-      allocated cache every step (the static decode). Static.
+    kv_chunk: while the generated tokens fit in the kv_chunk cache slots after the prompt's, a
+      decode step reads only the prompt's slots and those (a short completion does not pay for
+      the whole budget); past them, and with None, it reads the whole allocated cache (the
+      static decode). Static.
     compactions: how many times the batch may halve as rows end (finished rows leave the
       batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
       its longest row ends. Static. Neither changes a row's draws; both change the float

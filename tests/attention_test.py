@@ -1,4 +1,4 @@
-"""Attention tests: the blocked cache attention against the dense one, and the cache helpers."""
+"""Attention tests: the bucketed cache attention against the dense one, and the cache helpers."""
 
 import jax
 import jax.numpy as jnp
@@ -7,8 +7,9 @@ import pytest
 
 from es_jax.models.attention import (
   KVCache,
-  blocked_cached_attention,
+  bucketed_cached_attention,
   cached_attention,
+  prefix_lengths,
   take_rows,
   unstack_cache,
   write_mask,
@@ -25,27 +26,33 @@ def _block(key, B=3, S=2, H=4, K=2, E=8, T=12):
   return q, k_t, v, kv_mask
 
 
-@pytest.mark.parametrize("chunk", [1, 3, 4, 12])
-@pytest.mark.parametrize("first_slot", [0, 5, 10])
-def test_blocked_equals_dense_attention(key, chunk, first_slot):
-  q, k_t, v, kv_mask = _block(key)
-  S, T = q.shape[1], k_t.shape[-1]
+def _allowed(kv_mask, first_slot, S):
+  q_slots = jnp.reshape(first_slot, (-1, 1)) + jnp.arange(S)
+  return kv_mask[:, None, :] & (jnp.arange(kv_mask.shape[1])[None, None, :] <= q_slots[:, :, None])
+
+
+def test_prefix_lengths_are_the_chunk_and_the_whole_cache():
+  assert prefix_lengths(2048, 128) == (128, 2048)
+  assert prefix_lengths(20, 20) == (20,)  # one prefix: the dense read
+  assert prefix_lengths(20, 32) == (20,)
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 20, 40])
+@pytest.mark.parametrize("first_slot", [0, 5, 10, 20, 38])
+def test_bucketed_equals_dense_attention(key, chunk, first_slot):
+  q, k_t, v, kv_mask = _block(key, T=40)
+  S = q.shape[1]
   kv_mask = kv_mask.at[0, first_slot].set(True)  # row 0 always has a real slot
-  q_slots = first_slot + jnp.arange(S)
-  allowed = kv_mask[:, None, :] & (jnp.arange(T)[None, None, :] <= q_slots[None, :, None])
+  allowed = _allowed(kv_mask, first_slot, S)
   dense = cached_attention(q, k_t, v, allowed)
-  blocked = jax.jit(blocked_cached_attention, static_argnames="chunk")(
-    q, k_t, v, kv_mask, first_slot, chunk=chunk
-  )
   has_key = np.asarray(allowed.any(-1))  # [B, S]: queries with a real slot to attend to
   assert has_key[0].any()
-  np.testing.assert_allclose(np.asarray(blocked)[has_key], np.asarray(dense)[has_key], atol=1e-5)
-  # A query with nothing to attend to (it sits on padding) gets zeros, never NaN.
-  assert np.isfinite(np.asarray(blocked)).all()
-  assert (np.asarray(blocked)[~has_key] == 0).all()
-  # A static first slot (a prefill) reads the same chunks as one dense block.
-  static = blocked_cached_attention(q, k_t, v, kv_mask, first_slot, chunk=chunk)
-  np.testing.assert_allclose(np.asarray(static)[has_key], np.asarray(dense)[has_key], atol=1e-5)
+  run = jax.jit(bucketed_cached_attention, static_argnames="chunk")
+  # Traced (a decode step: one branch per prefix) and static (a prefill) first slots.
+  for out in (run(q, k_t, v, allowed, jnp.int32(first_slot), chunk=chunk),
+              bucketed_cached_attention(q, k_t, v, allowed, first_slot, chunk=chunk)):  # fmt: skip
+    np.testing.assert_allclose(np.asarray(out)[has_key], np.asarray(dense)[has_key], atol=1e-5)
+    assert np.isfinite(np.asarray(out)).all()
 
 
 @pytest.mark.parametrize("chunk", [None, 3])
@@ -60,12 +67,11 @@ def test_per_row_slots_equal_each_row_at_its_own_scalar_slot(key, chunk):
   stacked = write_slots(k_t[None], v[None], k_new, v_new, index, lead=(0,))
   np.testing.assert_array_equal(np.asarray(stacked[0][0]), np.asarray(k_rows))
   np.testing.assert_array_equal(np.asarray(stacked[1][0]), np.asarray(v_rows))
+  allowed = _allowed(mask_rows, index, 1)
   if chunk is None:
-    T = k_t.shape[-1]
-    allowed = mask_rows[:, None, :] & (jnp.arange(T)[None, None, :] <= index[:, None, None])
     out = cached_attention(q, k_rows, v_rows, allowed)
   else:
-    out = blocked_cached_attention(q, k_rows, v_rows, mask_rows, index, chunk=chunk)
+    out = bucketed_cached_attention(q, k_rows, v_rows, allowed, index, chunk=chunk)
   for b in range(3):
     row = lambda x, b=b: x[b : b + 1]  # noqa: E731
     k_b, v_b = write_slots(row(k_t), row(v), row(k_new), row(v_new), index[b])
@@ -73,25 +79,22 @@ def test_per_row_slots_equal_each_row_at_its_own_scalar_slot(key, chunk):
     np.testing.assert_array_equal(np.asarray(v_b), np.asarray(row(v_rows)))
     m_b = write_mask(row(kv_mask), jnp.ones((1, 1), bool), index[b])
     np.testing.assert_array_equal(np.asarray(m_b), np.asarray(row(mask_rows)))
-    alone = blocked_cached_attention(q[b : b + 1], k_b, v_b, m_b, index[b], chunk=chunk or 12)
+    alone = bucketed_cached_attention(
+      q[b : b + 1], k_b, v_b, _allowed(m_b, index[b], 1), index[b], chunk=chunk or 12
+    )
     np.testing.assert_allclose(np.asarray(out[b]), np.asarray(alone[0]), atol=1e-5)
 
 
-def test_blocked_attention_reads_no_slot_after_the_block(key):
-  """Garbage (NaN) in the slots after the block's chunk must not reach the output."""
-  q, k_t, v, kv_mask = _block(key, S=1)
-  first_slot, chunk = 3, 4  # the block ends in chunk 0: slots 4.. are never read
-  k_t = k_t.at[..., 4:].set(jnp.nan)
-  v = v.at[:, :, 4:].set(jnp.nan)
-  for slot in (first_slot, jnp.int32(first_slot)):  # static and traced
-    out = blocked_cached_attention(q, k_t, v, kv_mask, slot, chunk=chunk)
-    assert np.isfinite(np.asarray(out)).all()
-
-
-def test_blocked_attention_rejects_a_ragged_cache(key):
-  q, k_t, v, kv_mask = _block(key)
-  with pytest.raises(ValueError, match="cache length 12 is not a multiple of chunk=5"):
-    blocked_cached_attention(q, k_t, v, kv_mask, 0, chunk=5)
+def test_bucketed_attention_reads_no_slot_after_its_prefix(key):
+  """Garbage (NaN) in the slots after the block's prefix must not reach the output; the same
+  garbage inside the prefix does (the test can fail)."""
+  q, k_t, v, kv_mask = _block(key, S=1, T=40)
+  allowed = _allowed(kv_mask, 3, 1)  # slot 3: the short prefix, slots 0-3 (chunk 4)
+  for start, finite in ((4, True), (2, False)):
+    k_bad, v_bad = k_t.at[..., start:].set(jnp.nan), v.at[:, :, start:].set(jnp.nan)
+    for slot in (3, jnp.int32(3)):  # static and traced
+      out = bucketed_cached_attention(q, k_bad, v_bad, allowed, slot, chunk=4)
+      assert np.isfinite(np.asarray(out)).all() == finite
 
 
 def test_take_rows_stacked_and_unstacked():

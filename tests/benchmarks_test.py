@@ -48,4 +48,5 @@ def test_decode_cost_runs_and_prints_both_loops(capsys):
   assert re.search(r"queue .*tok/s.*\d+ steps, \d+ prefills of 2.*identical to static 16/16", out)
   steps = [int(x) for x in re.findall(r"(\d+) steps, \d+ prefills", out)]
   assert steps[1] < steps[0]  # the queue refills rows: fewer steps than the static batches
-  assert re.search(r"chunked: 5% [0-9.]+ ms.*5%/100% = [0-9.]+", out)
+  assert re.search(r"bucketed: 5% [0-9.]+ ms.*5%/100% = [0-9.]+; compile [0-9.]+ s", out)
+  assert re.search(r"bucketed / dense: step 5% [0-9.]+, .*; compile [0-9.]+", out)

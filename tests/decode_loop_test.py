@@ -1,4 +1,4 @@
-"""Decode-loop tests: the chunked cache reads and row compaction change no token, and a row's
+"""Decode-loop tests: the bucketed cache reads and row compaction change no token, and a row's
 tokens do not depend on what else is in its batch."""
 
 import functools
@@ -61,8 +61,8 @@ def test_phase_sizes_and_cache_length():
   assert decode_loop.phase_sizes(8, 2) == (8, 4, 2)
   assert decode_loop.phase_sizes(5, 5) == (5, 3, 2, 1)  # stops at one row
   assert decode_loop.cache_length(16, 40, None) == (56, None)
-  assert decode_loop.cache_length(16, 40, 32) == (64, 32)  # whole chunks
-  assert decode_loop.cache_length(8, 12, 128) == (20, 20)  # one chunk, no padding slots
+  assert decode_loop.cache_length(16, 40, 32) == (56, 48)  # the prompt and 32 slots
+  assert decode_loop.cache_length(8, 12, 128) == (20, None)  # the whole cache: dense
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

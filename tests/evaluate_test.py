@@ -273,7 +273,7 @@ def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
 
 
 def test_decode_layout_changes_no_record_and_resumes_across_layouts(tiny, full_run, tmp_path):
-  """config.decode (chunked cache reads, batch compaction) is speed only: the same records as
+  """config.decode (bucketed cache reads, batch compaction) is speed only: the same records as
   the dense layout, nothing of it in the meta, and the Evaluator passes it to every decode."""
   model, tok = tiny
   layout = dict(kv_chunk=4, compactions=2)

@@ -30,7 +30,7 @@ def _prompts():
 @pytest.mark.parametrize(
   "loop",
   [{}, dict(kv_chunk=None, compactions=0), dict(kv_chunk=4, compactions=2)],
-  ids=["default", "static", "chunked"],
+  ids=["default", "static", "bucketed"],
 )
 def test_greedy_matches_transformers_generate(tiny, loop):
   import torch
@@ -52,7 +52,7 @@ def test_greedy_matches_transformers_generate(tiny, loop):
 
 
 def test_queue_greedy_matches_transformers_generate(tiny):
-  """The queue decoder (3 prompts through 2 rows, refilled one at a time, chunked reads)."""
+  """The queue decoder (3 prompts through 2 rows, refilled one at a time, bucketed reads)."""
   import torch
 
   ref, p, cfg = tiny

@@ -1,27 +1,25 @@
-"""Attention and the KV cache: the dense form and the blocked form whose cost follows the tokens.
+"""Attention and the KV cache: the dense form, and the bucketed form whose cost follows the tokens.
 
 Axis letters as in `es_jax.models.transformer` (B batch, S query length, T cache slots, H query
-heads, K key/value heads, G = H / K, E head dim); C is the cache chunk of the blocked form.
+heads, K key/value heads, G = H / K, E head dim).
 
 `cached_attention` reads every slot of the cache, masked: a decode step costs the whole allocated
-length (prompt + budget) however few tokens are in it. `blocked_cached_attention` reads the cache
-in chunks of C slots and stops after the last chunk that holds a slot at or before the block's
-own, accumulating the softmax online over chunks (running max m, running sum l)::
-
-  m' = max(m, max_t s_t)      l' = l e^(m - m') + Σ_t e^(s_t - m')
-  o' = o e^(m - m') + Σ_t e^(s_t - m') v_t          out = o / l
-
-so a decode step at slot p reads ⌈(p + 1) / C⌉ chunks. Equal to the dense form up to float
-rounding (the sums run chunk by chunk).
+length (prompt + budget) however few tokens are in it. `bucketed_cached_attention` reads the
+shortest of two static prefixes of the cache (its first `chunk` slots, or all T:
+`prefix_lengths`) that holds every slot up to the block's own: the dense read on a shorter cache,
+picked by one `lax.switch` per layer, so a step within the first chunk reads the chunk only, and
+past it the step is the dense step itself. Equal to the dense form up to float rounding (the
+softmax sums the same terms without the masked slots' zeros).
 
 A block's first slot (`index`) is one scalar for the whole batch (rows aligned by left padding:
 `es_jax.sampling.generate`) or one per row, [B] (rows at their own lengths:
 `es_jax.decode_queue`, where a row that ends takes the next waiting prompt); per-row writes are
-a scatter, and the blocked read stops after the chunk of the furthest row.
+a scatter, and the bucketed read takes the prefix of the furthest row.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -178,60 +176,44 @@ def cached_attention(q, k_t, v, allowed):
   return _ungrouped(jnp.einsum("bkqt,bkte->bkqe", probs, v), S)
 
 
-def blocked_cached_attention(q, k_t, v, kv_mask, first_slot, *, chunk: int):
-  """`cached_attention` reading only the cache chunks up to the block's last slot.
+def prefix_lengths(slots: int, chunk: int) -> tuple[int, ...]:
+  """The cache prefixes a bucketed read picks from, shortest first: the first `chunk` slots and
+  the whole cache. Two on purpose: every prefix compiles one more copy of every layer's
+  attention (on SmolLM2's shapes a decode step's compile grew about 0.2x per extra prefix), so
+  the read follows the tokens at the start of a decode, where most short completions end."""
+  return (chunk, slots) if chunk < slots else (slots,)
+
+
+def bucketed_cached_attention(q, k_t, v, allowed, first_slot, *, chunk: int):
+  """`cached_attention` over the shortest cache prefix of `prefix_lengths` that holds the block.
+
+  Each prefix is the dense read itself on a shorter cache (a static slice), so past the first
+  `chunk` slots the step is the dense step, and within them one `lax.switch` picks the short
+  read.
 
   Args:
     q: [B, S, H, E] queries of the block at slots [first_slot, first_slot + S).
-    k_t: [B, K, E, T] keys (transposed); v: [B, K, T, E]. T must be a multiple of `chunk`.
-    kv_mask: [B, T] bool, slot holds a real token (the block's own slots included).
-    first_slot: the block's first slot, a scalar or one per row [B]; query s attends to real
-      slots <= first_slot + s. A Python int (a prefill at slot 0) reads the same chunks as one
-      dense block. With one per row, every row reads the chunks up to the furthest row's.
-    chunk: C, slots per chunk (static).
+    k_t: [B, K, E, T] keys (transposed); v: [B, K, T, E].
+    allowed: [B, S, T] bool (`allowed_slots`): query s attends to slot t.
+    first_slot: the block's first slot, a scalar or one per row [B] (every row then reads the
+      prefix of the furthest row). A Python int (a prefill) picks its prefix statically.
+    chunk: the shortest prefix read (static).
 
   Returns:
-    [B, S, H*E] in q's dtype. A query with no real slot at all gets zeros from the chunk loop
-    (the dense form gives the mean of the masked values; neither is read: such queries sit on
-    padding).
+    [B, S, H*E] in q's dtype, `cached_attention`'s up to float rounding (the softmax sums the
+    same terms without the masked zeros).
   """
-  B, S, H, E = q.shape
-  K, T = k_t.shape[1], k_t.shape[-1]
-  if T % chunk:
-    raise ValueError(f"blocked attention: cache length {T} is not a multiple of chunk={chunk}.")
-  G = H // K
-  if isinstance(first_slot, int):  # a static block (a prefill): its chunks as one dense read
-    end = min(-(-(first_slot + S) // chunk) * chunk, T)
-    allowed = allowed_slots(kv_mask[:, :end], jnp.arange(end), first_slot, S)
-    return cached_attention(q, k_t[..., :end], v[:, :, :end], allowed)
-  q_slots = _row_slots(first_slot, S)  # [1 or B, S]
-  qg = _grouped(q, K)  # [B, K, G*S, E]
-  scale = 1.0 / math.sqrt(E)
-  num_chunks = (jnp.max(first_slot) + S + chunk - 1) // chunk  # up to the last query's slot
+  S, T = q.shape[1], k_t.shape[-1]
+  lengths = prefix_lengths(T, chunk)
 
-  def body(c, state):
-    m, l, o = state  # [B, K, G*S], [B, K, G*S], [B, K, G*S, E] float32
-    start = c * chunk
-    k_c = jax.lax.dynamic_slice_in_dim(k_t, start, chunk, axis=3)  # [B, K, E, C]
-    v_c = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=2)  # [B, K, C, E]
-    mask_c = jax.lax.dynamic_slice_in_dim(kv_mask, start, chunk, axis=1)  # [B, C]
-    slots = start + jnp.arange(chunk)
-    allowed = mask_c[:, None, :] & (slots[None, None, :] <= q_slots[:, :, None])  # [B, S, C]
-    allowed = jnp.broadcast_to(allowed[:, None, None], (B, 1, G, S, chunk)).reshape(B, 1, -1, chunk)
-    s = jnp.einsum("bkqe,bket->bkqt", qg, k_c, preferred_element_type=jnp.float32) * scale
-    s = jnp.where(allowed, s, _NEG)
-    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-    p = jnp.where(allowed, jnp.exp(s - m_new[..., None]), 0.0)
-    correction = jnp.exp(m - m_new)
-    l = l * correction + jnp.sum(p, axis=-1)
-    pv = jnp.einsum("bkqt,bkte->bkqe", p.astype(v.dtype), v_c, preferred_element_type=jnp.float32)
-    return m_new, l, o * correction[..., None] + pv
+  def read(n, q, k_t, v, allowed):
+    if n == T:
+      return cached_attention(q, k_t, v, allowed)
+    return cached_attention(q, k_t[..., :n], v[:, :, :n], allowed[..., :n])
 
-  init = (
-    jnp.full((B, K, G * S), _NEG, jnp.float32),
-    jnp.zeros((B, K, G * S), jnp.float32),
-    jnp.zeros((B, K, G * S, E), jnp.float32),
-  )
-  _, l, o = jax.lax.fori_loop(0, num_chunks, body, init)
-  out = o / jnp.maximum(l, jnp.finfo(jnp.float32).tiny)[..., None]
-  return _ungrouped(out.astype(q.dtype), S)
+  if isinstance(first_slot, int):  # a static block (a prefill)
+    return read(next(n for n in lengths if n >= first_slot + S), q, k_t, v, allowed)
+  end = jnp.max(first_slot) + S  # slots the furthest query needs
+  branch = sum((end > n).astype(jnp.int32) for n in lengths[:-1])
+  branches = [functools.partial(read, n) for n in lengths]
+  return jax.lax.switch(branch, branches, q, k_t, v, allowed)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from es_jax.models.attention import (
   KVCache,
-  blocked_cached_attention,
+  bucketed_cached_attention,
   cached_attention,
   self_attention,
   write_slots,
@@ -106,8 +106,8 @@ def decoder_layer(blk: Block, h, p, d, write):
   elif blk.kv_chunk is None:
     attn = cached_attention(q, keys, values, blk.allowed)
   else:
-    attn = blocked_cached_attention(
-      q, keys, values, blk.kv_mask, blk.cache_index, chunk=blk.kv_chunk
+    attn = bucketed_cached_attention(
+      q, keys, values, blk.allowed, blk.cache_index, chunk=blk.kv_chunk
     )
   h = h + linear(attn, p["wo"], d.get("wo"), delta_scale)
   x = rms_norm(h, p["mlp_norm"], c.norm_eps)

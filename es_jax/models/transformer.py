@@ -203,8 +203,8 @@ def forward(
       (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
       [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
       training long completions needs this; it costs about one more forward pass.
-    kv_chunk: with a cache, read it in chunks of this many slots up to the block's last slot
-      (`attention.blocked_cached_attention`, T a multiple of it); None reads every slot.
+    kv_chunk: with a cache, read only its first kv_chunk slots while they hold the block
+      (`attention.bucketed_cached_attention`); None reads every slot.
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).

@@ -14,7 +14,7 @@ Field groups (each runner reads only its own groups plus `model`, `data`, `eval`
   checkpoint   Orbax checkpoints: interval, how many to keep, async writes.
   mesh         device mesh: `pop` devices for the population / GRPO batch (0 = all), `model`;
                `check_memory`: refuse on TPU a config predicted not to fit HBM.
-  decode       decode layout (chunked KV reads, batch compaction): speed, not results.
+  decode       decode layout (bucketed KV reads, batch compaction): speed, not results.
   diversity    the population diversity study (experiments/diversity.py, docs/method.md §6).
   report       a report across finished runs (experiments/report.py).
 
@@ -92,12 +92,13 @@ def base_config() -> ml_collections.ConfigDict:
   # to fit the chip's HBM (before the first step); False skips the check.
   c.mesh = dict(pop=0, model=1, check_memory=True)
   # How every decode is laid out (ES members, GRPO rollouts, evaluations, diversity): kv_chunk:
-  # read the KV cache in chunks of this many slots up to the filled one (0 = the whole cache
-  # each step); compactions: halvings of the batch as rows end, so finished rows stop costing.
-  # Speed only, like the mesh (a resume may change them): tokens are key-determined whatever the
-  # layout, but a sample within float rounding of a token boundary can differ (docs/benchmarks.md:
-  # kv_chunk=128, compactions=2 measured there).
-  c.decode = dict(kv_chunk=0, compactions=0)
+  # while the generated tokens fit in this many KV cache slots after the prompt's, a step reads
+  # only those and the prompt's (0 = the whole cache each step; past them the read is the same);
+  # compactions: halvings of the batch as rows end, so finished rows stop costing (each compiles
+  # another copy of the step). Speed only, like the mesh (a resume may change them): tokens are
+  # key-determined whatever the layout, but a sample within float rounding of a token boundary
+  # can differ (docs/benchmarks.md).
+  c.decode = dict(kv_chunk=128, compactions=0)
   c.progress = True
   # Training completions for reading what the model wrote (experiments/samples_log.py): every
   # `log_samples_every` steps and at each stage's first and last step (0 = never), `log_samples`
