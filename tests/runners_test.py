@@ -11,6 +11,7 @@ import signal
 import numpy as np
 import pytest
 from run_configs import (
+  assert_resumed_steps_trained,
   assert_run_outputs,
   assert_trained,
   checkpoint_params,
@@ -359,6 +360,7 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   before = read_metrics(str(tmp_path / "metrics.jsonl"))
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
+  _, restored = checkpoint_params(str(stage2), step=1)
   calls = {"grpo": 0, "es": 0}
   real_rollout = grpo_runner.grpo_update.rollout
   real_eval = es_runner.population.evaluate_population
@@ -383,6 +385,9 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   assert [r["time"] for r in after if r["stage"] == "1_grpo"] == [
     r["time"] for r in before if r["stage"] == "1_grpo"
   ]
+  stage_two = [r for r in after if r["stage"] != "1_grpo"]
+  assert len(stage_two) == 2  # its step 1 kept, step 2 rerun from checkpoint 1
+  assert_resumed_steps_trained(stage_two, stage_two[0]["step"], restored, resumed)
 
 
 def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monkeypatch):

@@ -70,6 +70,13 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   env.pop("XLA_FLAGS", None)
   env["PYTHONPATH"] = ROOT
+  # One persistent XLA cache for the three commands: the demo's ES and GRPO runs reuse the
+  # programs the first two compiled. It holds executables the runs would compile anyway.
+  env.update(
+    JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_compile_cache"),
+    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+  )
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")
   workdirs = []
   for command in commands:
