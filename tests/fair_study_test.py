@@ -73,6 +73,7 @@ def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
   assert fair_study.signal_section(str(tmp_path), ["es"]) == []
 
 
+@pytest.mark.slow
 def test_fair_study_smoke_end_to_end(tmp_path):
   config = smoke_config(
     fair_config,
@@ -124,6 +125,7 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   assert os.path.exists(tmp_path / "drift" / "sparsity_curves.png")
 
 
+@pytest.mark.slow
 def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, monkeypatch):
   config = smoke_config(fair_config, method="calibrate")
   measured = []

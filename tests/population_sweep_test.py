@@ -23,6 +23,7 @@ def test_debiased_ema_hand_computed():
     population_sweep.debiased_ema([1.0], 1.0)
 
 
+@pytest.mark.slow
 def test_population_sweep_runs_each_size(tmp_path):
   c = ConfigDict(demo_config.get_config("smoke").to_dict())
   c.method, c.progress, c.export_hf = "population_sweep", False, False

@@ -25,6 +25,8 @@ from experiments import es_runner
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
 
+pytestmark = pytest.mark.slow  # each test runs `python -m experiments.main` processes
+
 _config = smoke_config
 
 

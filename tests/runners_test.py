@@ -39,6 +39,7 @@ from experiments.logger import read_metrics
 _config = smoke_config
 
 
+@pytest.mark.slow
 def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   # In bf16, as the paper's checkpoints: ES and GRPO train float32 masters, the export is bf16.
   config = _config(demo_config, model__dtype="bfloat16")
@@ -113,6 +114,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert os.path.getsize(tmp_path / png) > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arithmetic", ["bf16_shared_noise", "bf16_tensor_noise"])
 def test_es_in_place_arithmetic_trains_bf16_weights(tmp_path, arithmetic):
   # The in-place bf16 schemes (es_jax.reference_arithmetic) end to end; the weights stay bf16 and
@@ -225,6 +227,7 @@ def sequential_reference(tmp_path_factory):
   return workdir, final
 
 
+@pytest.mark.slow
 def test_decode_layout_reaches_every_training_decode_and_moves_no_weight(
   tmp_path, monkeypatch, sequential_reference
 ):
@@ -278,6 +281,7 @@ def _sigterm_before_eval_batch(monkeypatch, k: int) -> None:
   monkeypatch.setattr(evaluate, "evaluate_tasks", signalling)
 
 
+@pytest.mark.slow
 def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, sequential_reference):
   # SIGTERM arrives during stage one's last step (sent as step 2 starts): the step finishes and is
   # saved, stage two is not started, and a rerun ends as an uninterrupted run.
@@ -312,6 +316,7 @@ def _lines(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch):
   # The evaluation: 4 problems in 2 blocks. SIGTERM before the second: the first block's records
   # stay in eval/*.jsonl, nothing is exported, no DONE; a rerun evaluates the other block only
@@ -350,6 +355,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert len(_lines(jsonl)) == 4 and _lines(tmp_path / "eval.stale-1" / jsonl.name) == records
 
 
+@pytest.mark.slow
 def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   tmp_path, monkeypatch, sequential_reference
 ):

@@ -9,6 +9,7 @@ import shlex
 import subprocess
 import sys
 
+import pytest
 from tiny_models import tiny_tokenizer, torch_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -51,6 +52,7 @@ def documented_commands() -> tuple[dict[str, str], list[list[str]]]:
   return variables, commands
 
 
+@pytest.mark.slow
 def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   model_dir = tmp_path / "my-model"
   torch_model("llama").save_pretrained(model_dir)
