@@ -25,6 +25,7 @@ def _true_js(p):
   return _entropy(p.mean()) - _entropy(p).mean()
 
 
+@pytest.mark.slow
 def test_js_success_on_known_populations():
   # Half the members always right, half always wrong: JS_succ = h(1/2) = ln 2 exactly.
   p = np.array([[1.0, 0.5], [1.0, 0.5], [0.0, 0.5], [0.0, 0.5]])

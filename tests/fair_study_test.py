@@ -36,6 +36,7 @@ def test_recommend_takes_the_smallest_sigma_meeting_both_rules():
   assert sigma is None and "changed < min" in note and "fitness below tolerance" in note
 
 
+@pytest.mark.slow
 def test_null_drift_predicts_a_z_scored_random_walk(key):
   n, steps, alpha = 8, 12, 1e-2
   params = {"w": jax.random.normal(key, (300, 200)), "b": jnp.ones((500,))}

@@ -414,6 +414,7 @@ def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monk
     es_runner.noise_spec(config.es)
 
 
+@pytest.mark.slow
 def test_grpo_step_errors_are_themselves_and_config_errors_name_the_field(tmp_path, monkeypatch):
   # GRPO as ES above: a ValueError from inside a step is not relabelled "config.grpo: ...".
   def broken(*args, **kwargs):

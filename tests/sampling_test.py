@@ -98,6 +98,7 @@ def test_sampled_logprobs_and_entropy_equal_full_forward(tiny):
   assert np.asarray(out.entropy)[m].min() > 0.1  # sampling, not a collapsed distribution
 
 
+@pytest.mark.slow
 def test_eos_stops_and_masks(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
@@ -165,6 +166,7 @@ def test_decode_paths_agree(tiny):
   np.testing.assert_array_equal(np.asarray(sampled[0].tokens), np.asarray(sampled[1].tokens))
 
 
+@pytest.mark.slow
 def test_no_retrace_on_second_call(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
