@@ -7,7 +7,7 @@ DEMO_DIR ?= runs/demo
 # the suite is mostly compile-bound; on a 2-core machine 2 workers took 391 s, one took 477 s.
 TEST_WORKERS ?= 2
 
-.PHONY: install demo test lint bench clean tpu-check
+.PHONY: install demo test test-fast test-slow lint bench clean tpu-check
 
 $(BIN)/.installed: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -23,14 +23,30 @@ install: $(BIN)/.installed
 demo: install
 	$(BIN)/python -m experiments.main --config experiments/configs/demo.py --workdir $(DEMO_DIR)
 
-test: install lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+# libtpu (the `tpu` extra: ~210 MB wheel, ~680 MB installed) lets tests/tpu_plan_test.py compile
+# tiny programs for TPU topologies on this CPU machine; the tests run JAX on the CPU whatever is
+# installed (tests/conftest.py sets JAX_PLATFORMS=cpu). Not in `make install`: `make demo` needs none.
+$(BIN)/.tpu-installed: $(BIN)/.installed
+	$(BIN)/pip install -q -e '.[test,tpu]'
+	touch $@
 
-# Compiles tiny models for TPU topologies on this machine (no TPU): needs libtpu (~210 MB wheel,
-# ~680 MB installed), so it is not in `make test`.
-tpu-check: install
-	$(BIN)/pip install -q -e '.[tpu]'
-	JAX_PLATFORMS=cpu $(BIN)/python -m pytest -q tests/tpu_plan_test.py
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
+# Every test, once.
+test: lint $(BIN)/.tpu-installed
+	$(PYTEST)
+
+# The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
+# one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest.
+test-fast: $(BIN)/.tpu-installed
+	$(PYTEST) -m "not slow"
+
+test-slow: $(BIN)/.tpu-installed
+	$(PYTEST) -m slow
+
+# The TPU compile tests alone.
+tpu-check: $(BIN)/.tpu-installed
+	$(BIN)/python -m pytest -q tests/tpu_plan_test.py
 
 lint: install
 	$(BIN)/ruff check es_jax experiments tests

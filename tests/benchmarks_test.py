@@ -4,6 +4,8 @@ tokens to transformers. Timings are printed, never asserted."""
 
 import re
 
+import pytest
+
 from experiments.benchmarks import decode_cost, es_vs_sequential, sampler_vs_transformers
 
 
@@ -37,6 +39,7 @@ def test_sampler_vs_transformers_tokens_identical(capsys):
   assert "identical=True" in out and "ratio" in out
 
 
+@pytest.mark.slow
 def test_decode_cost_runs_and_prints_both_loops(capsys):
   decode_cost.main(
     ["--model", "tiny", "--items", "16", "--rows", "4", "--refill_rows", "2", "--kv_chunk", "4"]

@@ -4,6 +4,9 @@ import gc
 import os
 
 os.environ.setdefault("XLA_FLAGS", "")
+# The suite runs on the CPU (fake devices below) even where libtpu is installed for
+# tpu_plan_test.py, which compiles for TPU topologies without a TPU.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # No persistent compilation cache in tests (experiments.compile_cache): CLI subprocesses write
@@ -47,3 +50,13 @@ def _free_compiled_programs():
   if _memory_maps() > MAX_MAPS:
     jax.clear_caches()
     gc.collect()
+
+
+def pytest_report_header(config):
+  """Says which tier runs: `-m "not slow"` (`make test-fast`) leaves the slow tests out."""
+  markexpr = config.getoption("markexpr")
+  if "slow" in markexpr:
+    return (
+      f"tier: -m {markexpr!r} (tests marked slow are run by `make test-slow`; `make test` runs all)"
+    )
+  return None

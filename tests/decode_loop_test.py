@@ -93,6 +93,7 @@ def test_a_rows_tokens_do_not_depend_on_its_batch(tiny):
     np.testing.assert_array_equal(np.asarray(part.lengths), np.asarray(full.lengths)[:n])
 
 
+@pytest.mark.slow
 def test_members_compact_per_member(tiny):
   """Member mode compacts each member's rows; each member still equals its own generate."""
   p, cfg = tiny
@@ -120,6 +121,7 @@ def test_members_compact_per_member(tiny):
     np.testing.assert_array_equal(np.asarray(together.lengths[m]), np.asarray(alone.lengths))
 
 
+@pytest.mark.slow
 def test_finished_rows_leave_the_batch(tiny, monkeypatch):
   """The decode steps run on fewer rows once rows have ended (counted per executed step)."""
   eos = _eos(0.0)

@@ -75,6 +75,7 @@ def _assert_same(out, ref, rows=slice(None)):
     np.testing.assert_allclose(np.asarray(getattr(out, name))[rows], getattr(ref, name), atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_items_get_their_own_decode_whatever_the_rows(tiny, temperature):
   """B = 2, 4 (W = 10 not a multiple), 8 rows, refills of 1 to B items, dense and chunked
@@ -96,6 +97,7 @@ def test_items_get_their_own_decode_whatever_the_rows(tiny, temperature):
     _assert_same(_queue(tiny, PROMPTS, keys, temperature, eos, **layout), alone)
 
 
+@pytest.mark.slow
 def test_items_do_not_depend_on_their_order_or_neighbours(tiny):
   eos, keys = _eos(), _keys()
   base = _queue(tiny, PROMPTS, keys, 1.0, eos, rows=4, refill_rows=2)
@@ -108,6 +110,7 @@ def test_items_do_not_depend_on_their_order_or_neighbours(tiny):
   _assert_same(part, jax.tree.map(lambda x: np.asarray(x)[some], base))
 
 
+@pytest.mark.slow
 def test_one_key_gives_item_i_fold_in_key_i_and_generate_takes_row_keys(tiny):
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
@@ -144,6 +147,7 @@ def _schedule(lengths, rows, refill, compactions):
   return per_step, prefills
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
   "rows,refill,compactions", [(4, 1, 0), (4, 2, 0), (3, 3, 0), (8, 3, 0), (8, 2, 3)]
 )
@@ -189,6 +193,7 @@ def test_rows_refill_as_items_end(tiny, monkeypatch, rows, refill, compactions):
     _assert_same(out, _alone(tiny, PROMPTS, _keys(), 1.0, _eos()))
 
 
+@pytest.mark.slow
 def test_items_all_ending_at_once_and_never_ending(tiny):
   """No EOS: every batch of rows ends together at the budget (equal to `generate`); every token
   an EOS: every item ends at its first token and no decode step runs."""
@@ -208,6 +213,7 @@ def test_items_all_ending_at_once_and_never_ending(tiny):
   assert (np.asarray(out.lengths) == 1).all() and int(steps) == 0 and int(prefills) == 4
 
 
+@pytest.mark.slow
 def test_per_item_budgets_cut_items_short(tiny):
   eos, keys = _eos(), _keys()
   full = _alone(tiny, PROMPTS, keys, 1.0, eos)
@@ -220,6 +226,7 @@ def test_per_item_budgets_cut_items_short(tiny):
     assert not np.asarray(out.mask)[i, n:].any()
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_named(tiny):
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)

@@ -25,6 +25,7 @@ def _true_js(p):
   return _entropy(p.mean()) - _entropy(p).mean()
 
 
+@pytest.mark.slow
 def test_js_success_on_known_populations():
   # Half the members always right, half always wrong: JS_succ = h(1/2) = ln 2 exactly.
   p = np.array([[1.0, 0.5], [1.0, 0.5], [0.0, 0.5], [0.0, 0.5]])
@@ -121,6 +122,7 @@ def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():
   assert end > start + 0.2, (start, end)
 
 
+@pytest.mark.slow
 def test_diversity_runner_smoke(tmp_path, monkeypatch):
   from experiments import diversity
   from experiments.configs import demo
@@ -144,6 +146,7 @@ def test_diversity_runner_smoke(tmp_path, monkeypatch):
   assert table["global_step"] == 0
 
 
+@pytest.mark.slow
 def test_diversity_over_checkpoints(tmp_path, monkeypatch):
   """diversity.checkpoints: one row per checkpoint of the run, each around its own params and step
   key, with the centre policy's Pass@n gain over the first checkpoint, a table and the PNGs."""

@@ -97,6 +97,7 @@ def _model_params():
 STACKED_VECTORS = ("attn_norm", "mlp_norm", "bq", "bk", "bv")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("low_rank_vectors", ["full", "frozen"])
 def test_low_rank_update_on_model_params_with_stacked_vectors(key, low_rank_vectors):
   # The update regenerates each leaf with the same path-aware matrix/vector rule as

@@ -69,6 +69,7 @@ def full_run(tiny, tmp_path_factory):
   return run_toy(*tiny, toy_examples(), out_dir), out_dir
 
 
+@pytest.mark.slow
 def test_writes_files_with_consistent_numbers(full_run):
   results, out_dir = full_run
   for name in ("toy.jsonl", "toy.meta.json", "table.md", "table.json", "pass_at_k.png"):
@@ -251,6 +252,7 @@ def test_bad_middle_line_and_changed_settings_are_refused(tiny, full_run, tmp_pa
     run_toy(model, tok, toy_examples(), num_samples=0)
 
 
+@pytest.mark.slow
 def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
   tiny, full_run, tmp_path
 ):
@@ -272,6 +274,7 @@ def test_refill_evaluation_resumes_and_is_not_mixed_with_the_static_layout(
     run_toy(model, tok, toy_examples(), full_run[1], refill=True)
 
 
+@pytest.mark.slow
 def test_decode_layout_changes_no_record_and_resumes_across_layouts(tiny, full_run, tmp_path):
   """config.decode (bucketed cache reads, batch compaction) is speed only: the same records as
   the dense layout, nothing of it in the meta, and the Evaluator passes it to every decode."""
@@ -302,6 +305,7 @@ def test_lazy_loader_is_not_called_when_everything_is_done(full_run):
   assert eval_results.read_timing(full_run[1]) == before  # nothing sampled: no timing line
 
 
+@pytest.mark.slow
 def test_run_from_config_on_reasoning_gym(tiny, tmp_path):
   # method="evaluate": config.model (an HF directory) on config.eval's task plus an extra task.
   model, tok = tiny

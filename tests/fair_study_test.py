@@ -36,6 +36,7 @@ def test_recommend_takes_the_smallest_sigma_meeting_both_rules():
   assert sigma is None and "changed < min" in note and "fitness below tolerance" in note
 
 
+@pytest.mark.slow
 def test_null_drift_predicts_a_z_scored_random_walk(key):
   n, steps, alpha = 8, 12, 1e-2
   params = {"w": jax.random.normal(key, (300, 200)), "b": jnp.ones((500,))}
@@ -73,6 +74,7 @@ def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
   assert study_signal.signal_section(str(tmp_path), ["es"]) == []
 
 
+@pytest.mark.slow
 def test_fair_study_smoke_end_to_end(tmp_path):
   config = smoke_config(
     fair_config,
@@ -132,6 +134,7 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   assert {p: os.path.getmtime(p) for p in kept} == kept
 
 
+@pytest.mark.slow
 def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, monkeypatch):
   config = smoke_config(fair_config, method="calibrate")
   measured = []

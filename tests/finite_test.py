@@ -36,6 +36,7 @@ def test_group_advantages_rank_non_finite_rewards_worst():
   assert not np.allclose(finite[0], adv[0])  # the NaN row is not just passed through as zero
 
 
+@pytest.mark.slow
 def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatch):
   real = run_data.make_scorer
 
@@ -61,6 +62,7 @@ def test_grpo_nan_reward_keeps_params_finite_and_is_counted(tmp_path, monkeypatc
   assert all(np.all(np.isfinite(x)) for x in leaves if np.issubdtype(x.dtype, np.floating))
 
 
+@pytest.mark.slow
 def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
   real = es_runner._apply
 

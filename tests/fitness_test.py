@@ -112,6 +112,7 @@ def test_bad_shapes_and_names():
     fitness.get_shaping("rank")
 
 
+@pytest.mark.slow
 def test_shuffled_is_a_key_determined_permutation_of_zscore():
   r = jnp.arange(8, dtype=jnp.float32) ** 2  # distinct values
   key = jax.random.key(3)

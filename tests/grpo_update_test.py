@@ -100,6 +100,7 @@ def exact_steps(setup):
   return single, sharded
 
 
+@pytest.mark.slow
 def test_rollout_layout_follows_the_shift_convention(setup):
   params0, completions, batch = setup
   ids, mask = prompts()
@@ -182,6 +183,7 @@ def test_on_policy_first_mini_batch_has_ratio_one_and_no_clipping(exact_steps):
   assert abs(float(m["ratio_mean"][1]) - 1.0) > 1e-3 and float(m["kl"][1]) > 1e-6
 
 
+@pytest.mark.slow
 def test_beta_zero_needs_no_reference_and_ignores_one(setup):
   params0, _, batch = setup
   a, _ = step(gt.init_state(params0, ADAM), batch, None, beta=0.0)
@@ -316,6 +318,7 @@ def test_update_step_lowers_from_abstract_inputs(setup, exact_steps):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_bf16_model_trains_float32_masters():
   # A bf16 model (the paper's checkpoints): forward/backward in bf16, float32 master weights.
   # With SGD the master update is exactly −lr × the gradient of the bf16 model's loss, applied
@@ -369,6 +372,7 @@ def test_bf16_model_trains_float32_masters():
   assert 0 < np.mean(changed) < 0.5, changed  # lr 1e-5 steps are mostly below bf16's resolution
 
 
+@pytest.mark.slow
 def test_remat_gives_the_same_step_and_recomputes_layers(setup, exact_steps):
   """Gradient checkpointing changes memory, not the update: same params as the saved-activation
   step, and the backward pass really rematerialises a whole layer (without remat: a layer's

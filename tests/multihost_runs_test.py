@@ -24,6 +24,8 @@ from es_jax.checkpoint import Checkpointer
 from experiments import es_runner, grpo_runner, sequential
 from experiments.configs import demo as demo_config
 
+pytestmark = pytest.mark.slow  # each test launches two-process training runs
+
 DEADLINE_S = 900  # generous: a loaded 2-core machine compiles slowly
 # Small runs on a 2-device 'pop' axis; the sequential run keeps its final evaluation (written once).
 COMMON = dict(mesh__pop=2, eval__every=0, eval__final=False, export_hf=False, checkpoint__every=1)

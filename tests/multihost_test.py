@@ -9,9 +9,12 @@ import sys
 
 import multihost_case as case
 import numpy as np
+import pytest
 from run_configs import wait_for_processes
 
 from es_jax import sharding
+
+pytestmark = pytest.mark.slow  # two processes compile and take ES and GRPO steps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEADLINE_S = 600  # generous: on a loaded 2-core machine the two workers compile for minutes

@@ -114,6 +114,7 @@ def test_full_rank_members_match_direct_and_single_device(key):
   _assert_same_completions(stats1.completions, stats.completions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", reference_arithmetic.MODES)
 def test_in_place_members_are_those_of_reference_arithmetic(key, precision):
   # bf16 weights, so the modes' roundings (and Qiu et al.'s shape-shared noise) show.
@@ -125,6 +126,7 @@ def test_in_place_members_are_those_of_reference_arithmetic(key, precision):
     _assert_same_completions(stats.completions, _direct(member), rows=i)
 
 
+@pytest.mark.slow
 def test_sampled_decoding_uses_per_member_keys(key):
   params = _params()
   sample_key = jax.random.key(7)

@@ -12,6 +12,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import es_jax
 
@@ -28,6 +29,7 @@ def _fitness_line(stdout: str) -> tuple[float, float]:
   return tuple(map(float, re.fullmatch(r"fitness (\S+) -> (\S+)\n", stdout).groups()))
 
 
+@pytest.mark.slow
 def test_readme_python_example_runs_and_improves():
   out = subprocess.run(
     [sys.executable, "-c", _readme_code()],

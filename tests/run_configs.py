@@ -79,6 +79,20 @@ def assert_trained(workdir, params, dtype=None):
   assert any(not np.array_equal(params[k], base[k]) for k in params), "weights never moved"
 
 
+def assert_resumed_steps_trained(rows, resumed_from, restored, params):
+  """The steps a resumed run re-ran (metrics `rows` after step `resumed_from`) each had rewards
+  that varied, and moved the weights from the checkpoint it resumed from (`restored`) to `params`.
+  Only then does matching an uninterrupted run show the resume restored the keys and optimizer
+  state: on constant rewards an ES or GRPO step is the same whatever its key."""
+  spread = [
+    r.get("fitness/std", r.get("reward/std", 0.0)) for r in rows if r["step"] > resumed_from
+  ]
+  assert spread and min(spread) > 0, f"rewards after step {resumed_from} did not vary: {spread}"
+  assert set(restored) == set(params)
+  moved = [k for k in params if not np.array_equal(params[k], restored[k])]
+  assert moved, f"no weight moved after step {resumed_from}"
+
+
 def assert_run_outputs(workdir, ckpt_dir):
   assert os.path.exists(os.path.join(workdir, "DONE"))
   assert Checkpointer(ckpt_dir, async_save=False).all_steps()

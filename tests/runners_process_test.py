@@ -12,12 +12,20 @@ import time
 
 import numpy as np
 import pytest
-from run_configs import ROOT, assert_trained, checkpoint_params, smoke_config
+from run_configs import (
+  ROOT,
+  assert_resumed_steps_trained,
+  assert_trained,
+  checkpoint_params,
+  smoke_config,
+)
 
 from es_jax.checkpoint import Checkpointer
 from experiments import es_runner
 from experiments.configs import demo as demo_config
 from experiments.logger import read_metrics
+
+pytestmark = pytest.mark.slow  # each test runs `python -m experiments.main` processes
 
 _config = smoke_config
 
@@ -197,14 +205,17 @@ def test_es_sigkill_resume_is_bitwise(tmp_path, es_reference):
     workdir, signal.SIGKILL, "--config.method=es", "--config.es.num_steps=4", after_step=2
   )
   assert proc.wait() == -signal.SIGKILL
+  killed_at, restored = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  assert 2 <= killed_at < 4  # the kill landed before the run ended: the resume has steps to run
   _run(workdir, "--config.method=es", "--config.es.num_steps=4")
   step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
   ref_step, ref, _ = es_reference
   assert step == ref_step == 4
   for k in ref:
     np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
-  steps = [r["step"] for r in read_metrics(os.path.join(workdir, "metrics.jsonl"))]
-  assert steps == [1, 2, 3, 4]  # no line lost or repeated by the kill
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]  # no line lost or repeated by the kill
+  assert_resumed_steps_trained(rows, killed_at, restored, params)
 
 
 def test_es_corrupt_latest_checkpoint_resumes_from_previous(tmp_path, es_reference):
@@ -217,12 +228,16 @@ def test_es_corrupt_latest_checkpoint_resumes_from_previous(tmp_path, es_referen
   with open(victim, "r+b") as f:
     f.truncate(os.path.getsize(victim) // 2)
   os.remove(os.path.join(workdir, "DONE"))
+  _, restored = checkpoint_params(os.path.join(workdir, "checkpoints"), step=3)
   out = _run(workdir, "--config.method=es", "--config.es.num_steps=4")
   assert "CorruptCheckpointWarning" in out.stderr and "checkpoints/4" in out.stderr
   step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
   assert step == 4
   for k in es_reference[1]:
     np.testing.assert_array_equal(params[k], es_reference[1][k], err_msg=k)
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2, 3, 4]  # step 4 rewritten, not appended
+  assert_resumed_steps_trained(rows, 3, restored, params)  # step 4 rerun from checkpoint 3
 
 
 def test_grpo_sigkill_resume_matches(tmp_path):
@@ -230,7 +245,9 @@ def test_grpo_sigkill_resume_matches(tmp_path):
   ref_dir, workdir = str(tmp_path / "ref"), str(tmp_path / "killed")
   _run(ref_dir, *overrides)
   proc = _start_and_signal(workdir, signal.SIGKILL, *overrides, after_step=1)
-  proc.wait()
+  assert proc.wait() == -signal.SIGKILL
+  killed_at, restored = checkpoint_params(os.path.join(workdir, "checkpoints"))
+  assert killed_at == 1  # the kill landed before step 2 was saved: the resume reruns it
   _run(workdir, *overrides)
   _, ref = checkpoint_params(os.path.join(ref_dir, "checkpoints"))
   step, params = checkpoint_params(os.path.join(workdir, "checkpoints"))
@@ -238,6 +255,9 @@ def test_grpo_sigkill_resume_matches(tmp_path):
   assert_trained(ref_dir, ref)
   for k in ref:
     np.testing.assert_array_equal(params[k], ref[k], err_msg=k)
+  rows = read_metrics(os.path.join(workdir, "metrics.jsonl"))
+  assert [r["step"] for r in rows] == [1, 2]  # no line lost or repeated by the kill
+  assert_resumed_steps_trained(rows, killed_at, restored, params)
 
 
 def test_sigterm_saves_and_exits_zero(tmp_path):

@@ -12,6 +12,7 @@ import signal
 import numpy as np
 import pytest
 from run_configs import (
+  assert_resumed_steps_trained,
   assert_run_outputs,
   assert_trained,
   checkpoint_params,
@@ -40,6 +41,7 @@ from experiments.logger import read_metrics
 _config = smoke_config
 
 
+@pytest.mark.slow
 def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
   # In bf16, as the paper's checkpoints: ES and GRPO train float32 masters, the export is bf16.
   config = _config(demo_config, model__dtype="bfloat16")
@@ -119,6 +121,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     assert os.path.getsize(tmp_path / png) > 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arithmetic", ["bf16_shared_noise", "bf16_tensor_noise"])
 def test_es_in_place_arithmetic_trains_bf16_weights(tmp_path, arithmetic):
   # The in-place bf16 schemes (es_jax.reference_arithmetic) end to end; the weights stay bf16 and
@@ -234,6 +237,7 @@ def sequential_reference(tmp_path_factory):
   return workdir, final
 
 
+@pytest.mark.slow
 def test_decode_layout_reaches_every_training_decode_and_moves_no_weight(
   tmp_path, monkeypatch, sequential_reference
 ):
@@ -287,6 +291,7 @@ def _sigterm_before_eval_batch(monkeypatch, k: int) -> None:
   monkeypatch.setattr(evaluate, "evaluate_tasks", signalling)
 
 
+@pytest.mark.slow
 def test_sequential_sigterm_in_last_step_of_stage_one(tmp_path, monkeypatch, sequential_reference):
   # SIGTERM arrives during stage one's last step (sent as step 2 starts): the step finishes and is
   # saved, stage two is not started, and a rerun ends as an uninterrupted run.
@@ -321,6 +326,7 @@ def _lines(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch):
   # The evaluation: 4 problems in 2 blocks. SIGTERM before the second: the first block's records
   # stay in eval/*.jsonl, nothing is exported, no DONE; a rerun evaluates the other block only
@@ -359,6 +365,7 @@ def test_sigterm_in_final_evaluation_stops_between_batches(tmp_path, monkeypatch
   assert len(_lines(jsonl)) == 4 and _lines(tmp_path / "eval.stale-1" / jsonl.name) == records
 
 
+@pytest.mark.slow
 def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   tmp_path, monkeypatch, sequential_reference
 ):
@@ -369,6 +376,7 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   before = read_metrics(str(tmp_path / "metrics.jsonl"))
   # Resume inside stage two: drop its last checkpoint (step 2 of 2), keep step 1.
   shutil.rmtree(stage2 / "2")
+  _, restored = checkpoint_params(str(stage2), step=1)
   calls = {"grpo": 0, "es": 0}
   real_rollout = grpo_runner.grpo_update.rollout
   real_eval = es_runner.population.evaluate_population
@@ -393,6 +401,9 @@ def test_sequential_resume_inside_stage_two_does_not_rerun_stage_one(
   assert [r["time"] for r in after if r["stage"] == "1_grpo"] == [
     r["time"] for r in before if r["stage"] == "1_grpo"
   ]
+  stage_two = [r for r in after if r["stage"] != "1_grpo"]
+  assert len(stage_two) == 2  # its step 1 kept, step 2 rerun from checkpoint 1
+  assert_resumed_steps_trained(stage_two, stage_two[0]["step"], restored, resumed)
 
 
 def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monkeypatch):
@@ -413,6 +424,7 @@ def test_an_error_inside_a_step_is_not_reported_as_a_config_error(tmp_path, monk
     es_runner.noise_spec(config.es)
 
 
+@pytest.mark.slow
 def test_grpo_step_errors_are_themselves_and_config_errors_name_the_field(tmp_path, monkeypatch):
   # GRPO as ES above: a ValueError from inside a step is not relabelled "config.grpo: ...".
   def broken(*args, **kwargs):

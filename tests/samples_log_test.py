@@ -87,6 +87,7 @@ def _rows(count, tag="x"):
   ]
 
 
+@pytest.mark.slow
 def test_train_samples_every_k_steps_resume_and_tensorboard(tmp_path):
   with RunLogger(tmp_path, resume_step=-1) as logger:
     samples = samples_log.TrainSamples(logger, every=2, count=2, resume_step=-1)

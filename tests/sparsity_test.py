@@ -39,6 +39,7 @@ def setup(tmp_path_factory):
   return base, tuned, result, tmp / "out"
 
 
+@pytest.mark.slow
 def test_sparsity_fractions_and_thresholded_evaluations(setup):
   base, tuned, result, out = setup
   rows = {r["model"]: r for r in result["rows"]}

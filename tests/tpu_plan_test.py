@@ -6,7 +6,9 @@ import re
 import pytest
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-pytest.importorskip("libtpu", reason="libtpu not installed (pip install -e '.[tpu]')")
+pytest.importorskip(
+  "libtpu", reason="libtpu not installed: `make test` installs it (the tpu extra)"
+)
 
 import jax  # noqa: E402
 
@@ -29,6 +31,15 @@ def _config(population_size):
   )
 
 
+def test_a_small_program_compiles_for_a_small_topology():
+  """The quick tier's TPU check: one program (the ES update) for 4 v5e chips."""
+  (result,) = tpu_plan.plan(_config(8), "v5e:2x2", programs=("es_update",), step_cost=False)
+  assert result["program"] == "es_update" and not result.get("error"), result
+  assert result["fits"] and result["total"] > 0 and result["code"] > 0, result
+  assert jax.default_backend() == "cpu"
+
+
+@pytest.mark.slow  # every program of a sequential run, twice: about a minute of compiling
 @pytest.mark.parametrize("topology,population_size", [("v5e:2x2", 8), ("v4:2x2x1", 16)])
 def test_every_program_compiles_for_tpu(topology, population_size):
   results = tpu_plan.plan(_config(population_size), topology, step_cost=False)

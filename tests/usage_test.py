@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 from run_configs import checkpoint_params, named_leaves
 from tiny_models import tiny_tokenizer, torch_model
 
@@ -57,6 +58,7 @@ def documented_commands() -> tuple[dict[str, str], list[list[str]]]:
   return variables, commands
 
 
+@pytest.mark.slow
 def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   model_dir = tmp_path / "my-model"
   torch_model("llama").save_pretrained(model_dir)
@@ -76,6 +78,9 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   env.pop("XLA_FLAGS", None)
   env["PYTHONPATH"] = ROOT
+  # One persistent XLA cache for the three commands: the demo's ES and GRPO runs reuse the
+  # programs the first two compiled. It holds executables the runs would compile anyway.
+  env["ES_JAX_COMPILE_CACHE"] = str(tmp_path / "jax_compile_cache")  # experiments.compile_cache
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")
   workdirs = []
   for command in commands:
