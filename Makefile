@@ -32,9 +32,8 @@ $(BIN)/.tpu-installed: $(BIN)/.installed
 
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
-# Every test, once.
-test: lint $(BIN)/.tpu-installed
-	$(PYTEST)
+# Every test, once: lint, the quick tier (a broken inner loop fails in minutes), then the rest.
+test: lint test-fast test-slow
 
 # The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
 # one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest.
