@@ -239,8 +239,7 @@ def forward(
     h, new_cache = run_scanned(blk, h, layers, layer_deltas, remat), None
   else:
     h, new_cache = run_scanned_cached(blk, h, layers, layer_deltas, cache)
-  if last_only:
-    h = h[:, -int(last_only) :]  # True: the last position
+  h = h[:, -int(last_only) :] if last_only else h  # True: the last position
   h = rms_norm(h, params["final_norm"], c.norm_eps)
   logits = _unembed(params, h, deltas, delta_scale).astype(jnp.float32)
   return logits, new_cache

@@ -102,9 +102,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.progress = True
   # Training completions for reading what the model wrote (experiments/samples_log.py): every
   # `log_samples_every` steps and at each stage's first and last step (0 = never), `log_samples`
-  # of them with their rewards (ES: members
-  # from the best and worst fitness in, GRPO: rows with advantages) into WORKDIR/samples.jsonl
-  # and TensorBoard text.
+  # of them with their rewards (ES: members from the best and worst fitness in, GRPO: rows with
+  # advantages) into WORKDIR/samples.jsonl and TensorBoard text.
   c.log_samples_every = 10
   c.log_samples = 4
   # method="demo": the runs to compare after the base model ("es", "es_coverage", "grpo",
@@ -119,32 +118,7 @@ def base_config() -> ml_collections.ConfigDict:
     tuned="", taus=(2.5e-4, 5e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3), top_fraction=1e-3
   )
   c.diversity = _diversity()
-  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
-  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
-  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
-  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
-  # and sparsity of the ES-type runs against the null-walk prediction. redo: stages to start
-  # over, comma-separated (calibration, pilots, runs, diversity; each later stage is redone too);
-  # a stage measured under another config is refused, naming the fields. design=2 (study v2,
-  # experiments/study_v2.py): pilot grids extended (extensions times, x3 beyond the edge) until
-  # each winner is interior; ES arms at the calibrated σ, at a wider σ with measurable JS_succ
-  # and with sampled fitness (sampled_temperature); a second seed (second_seed) for the best ES
-  # arm and GRPO; arms that move sampled Pass@1 rerun with their null for extend_steps steps;
-  # preregistration: the commit of the pre-registration the report names.
-  c.fair = dict(
-    calibrate=True,
-    alpha_ratios=(0.5, 0.25, 1.0),
-    grpo_lrs=(1e-5, 3e-6, 3e-5),
-    pilot_steps=6,
-    diversity=True,
-    redo="",
-    design=1,
-    extensions=2,
-    sampled_temperature=0.6,
-    second_seed=1,
-    extend_steps=100,
-    preregistration="",
-  )
+  c.fair = _fair()
   # method="report": a report across runs, read from their files (experiments/report.py).
   # workdirs: run directories, comma-separated (a demo's workdir stands for its runs; a
   # method=diversity workdir adds JS_succ to the run it measured); names: one label per run in
@@ -353,6 +327,35 @@ def _diversity() -> dict:
   )
 
 
+def _fair() -> dict:
+  # method="fair_study" (experiments/fair_study.py): σ from method=calibrate (calibrate=False:
+  # es.sigma); pilots of pilot_steps steps, scored by training reward: ES α = ratio·σ for each
+  # of alpha_ratios, GRPO lr for each of grpo_lrs (the first listed wins ties); then demo.runs
+  # at the chosen values, the diversity study of the final ES model (diversity) and the drift
+  # and sparsity of the ES-type runs against the null-walk prediction. redo: stages to start
+  # over, comma-separated (calibration, pilots, runs, diversity; each later stage is redone too);
+  # a stage measured under another config is refused, naming the fields. design=2 (study v2,
+  # experiments/study_v2.py): pilot grids extended (extensions times, x3 beyond the edge) until
+  # each winner is interior; ES arms at the calibrated σ, at a wider σ with measurable JS_succ
+  # and with sampled fitness (sampled_temperature); a second seed (second_seed) for the best ES
+  # arm and GRPO; arms that move sampled Pass@1 rerun with their null for extend_steps steps;
+  # preregistration: the commit of the pre-registration the report names.
+  return dict(
+    calibrate=True,
+    alpha_ratios=(0.5, 0.25, 1.0),
+    grpo_lrs=(1e-5, 3e-6, 3e-5),
+    pilot_steps=6,
+    diversity=True,
+    redo="",
+    design=1,
+    extensions=2,
+    sampled_temperature=0.6,
+    second_seed=1,
+    extend_steps=100,
+    preregistration="",
+  )
+
+
 def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_data: str | None):
   """Turns `c` into its `:smoke` variant in place: a random `preset` model with the bundled
   tokenizer, the shipped sample files of datasets `data` / `eval_data` (None: keep the task, e.g.
@@ -396,20 +399,14 @@ def smoke(c: ml_collections.ConfigDict, *, preset: str, data: str | None, eval_d
 # test.jsonl has no standard size (None: all of it). The held-out sets differ by setting
 # (paper): Easy holds out all five and its average (Table 10) covers all five, MBPP included;
 # Hard holds out GPQA-Diamond, MBPP, CSQA and Countdown (no HotpotQA), averaged (Table 5).
+_CSQA = {"task": "csqa", "split": "validation", "limit": 1221}
+_GPQA = {"task": "gpqa", "split": "diamond", "limit": 198}
+_MBPP = {"task": "mbpp", "split": "test", "limit": 500}
+_COUNTDOWN = {"task": "countdown", "split": "test", "limit": None}
+_HOTPOTQA = {"task": "hotpotqa", "split": "validation", "limit": 7405}
 HELD_OUT_TASKS = {
-  "easy": (
-    {"task": "csqa", "split": "validation", "limit": 1221},
-    {"task": "hotpotqa", "split": "validation", "limit": 7405},
-    {"task": "gpqa", "split": "diamond", "limit": 198},
-    {"task": "mbpp", "split": "test", "limit": 500},
-    {"task": "countdown", "split": "test", "limit": None},
-  ),
-  "hard": (
-    {"task": "csqa", "split": "validation", "limit": 1221},
-    {"task": "gpqa", "split": "diamond", "limit": 198},
-    {"task": "mbpp", "split": "test", "limit": 500},
-    {"task": "countdown", "split": "test", "limit": None},
-  ),
+  "easy": (_CSQA, _HOTPOTQA, _GPQA, _MBPP, _COUNTDOWN),
+  "hard": (_CSQA, _GPQA, _MBPP, _COUNTDOWN),
 }
 
 
