@@ -101,8 +101,8 @@ def test_decode_cost_c_prints_the_step_and_the_instruments_floor(capsys):
 
   decode_cost.main(["--model", "tiny", "--step_rows", "4", "--budget", "256", "--skip", "a,b"])
   out = capsys.readouterr().out
-  steps = re.findall(r"\(c\) one step.*?(chunked|dense): bytes accessed .*?5% (\d+) MiB", out)
-  assert [kind for kind, _ in steps] == ["chunked", "dense"], out
+  steps = re.findall(r"\(c\) one step.*?(bucketed|dense): bytes accessed .*?5% (\d+) MiB", out)
+  assert [kind for kind, _ in steps] == ["bucketed", "dense"], out
   floor = re.search(r"matmul (\d+\.\d+)x its weight's bytes \((\d+\.\d+)x at 1 row\)", out)
   assert floor and float(floor.group(1)) > 0 and float(floor.group(2)) > 0, out
   assert re.search(r"a lookup of 4 tokens \d+\.\d+x the whole", out), out
