@@ -20,12 +20,14 @@ Task candidates (reasoning-gym, + and −, no parentheses or negation), bundled 
   b           basic_arithmetic, 3 terms, 1-2 dig.  > 10^5     0.000    0.019    0.125    31.3
   c           chain_sum, 2 terms, 2 digits         16,200     not measured
   a, 64 tok.  as a with max_new_tokens=64          16,200     0.047    0.047    0.391    57.2
+  a, 1-2 dig. as a with min_digits=1               > 16,200   0.047    0.025    0.203    31.3
 (measured 2026-12-07 at commits 4746c30, the 64-token row at 68b6813; length: mean generated
 tokens.) Neither a
 nor b passes the rule below (Pass@1 < 0.1), and nearly every completion is cut at the 32-token
 budget (the model writes out its working before the answer); with 64 tokens a barely moves
 (Pass@1 0.047, mean length 57 of 64). The task and budget are therefore
-NOT chosen yet: the next candidate is a mix of one- and two-digit terms,
+NOT chosen yet (a mix of one- and two-digit terms scores lower still, Pass@1 0.025): the next
+candidates are easier generators (e.g. one-digit terms with more terms, or chain_sum mixes),
 measured the same way before the pre-registration is committed; CHOSEN below is a placeholder.
 
 Choice rule: the candidate whose base Pass@1 and Pass@16 are both within [0.1, 0.9] and whose
