@@ -1,89 +1,63 @@
-"""What each config field means, for `--help_config`: `field_docs()` reads the comments of
-experiments/configs/base.py, `describe(config)` lists every key with its value, the values
-`experiments.config_check.schema()` allows and that comment."""
+"""What each config field means, for `--help_config`: `describe(config)` lists every key with its
+value, the values its rule allows and its help, all read from the field's one declaration
+(`experiments.fields`)."""
 
 from __future__ import annotations
 
-import ast
-import functools
-import io
-import tokenize
 from typing import Any
 
-from experiments import config_check
+from experiments import fields
 
 
-@functools.cache
 def field_docs() -> dict[str, str]:
-  """{dotted key: its comment in experiments/configs/base.py}: the `# ...` on a field's line or
-  the comment block just above it (above `c.<section> = dict(` for the section itself, or above
-  `return dict(` in the helper of a `c.<section> = _<section>()`)."""
-  from experiments.configs import base
+  """{dotted name: help} of every declared field and group (`"es"`, `"es.sigma"`, ...)."""
+  docs = {name: group.help for name, group in fields.groups().items()}
+  docs.update({name: f.help for name, f in fields.declared().items()})
+  return docs
 
-  with open(base.__file__, encoding="utf-8") as f:
-    source = f.read()
-  comments = {
-    tok.start[0]: tok.string.lstrip("#").strip()
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-    if tok.type == tokenize.COMMENT
-  }
-  code_lines = source.splitlines()
 
-  def doc(line: int) -> str:
-    """The comment on `line` (after code), else the comment lines right above it."""
-    if line in comments and not code_lines[line - 1].lstrip().startswith("#"):
-      return comments[line]
-    above, i = [], line - 1
-    while i in comments and code_lines[i - 1].lstrip().startswith("#"):
-      above.insert(0, comments[i])
-      i -= 1
-    return " ".join(above)
+def _allowed(field: fields.Field) -> str | None:
+  """What the field's rule asks of a value it cannot accept (None for a rule that needs a real
+  value to say it)."""
+  try:
+    return field.rule(object())
+  except Exception:  # noqa: BLE001 - a rule that needs a real value: no hint
+    return None
 
-  out: dict[str, str] = {}
-  functions = {n.name: n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef)}
-  for node in functions["base_config"].body:
-    if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
-      continue
-    target = node.targets[0]
-    if not (isinstance(target, ast.Attribute) and getattr(target.value, "id", "") == "c"):
-      continue
-    out[target.attr] = doc(node.lineno)
-    value = node.value
-    helper = functions.get(getattr(getattr(value, "func", None), "id", ""))
-    if helper is not None and isinstance(helper.body[-1], ast.Return):
-      # `c.es = _es()`: the section is the dict its helper returns, the comment above it
-      value = helper.body[-1].value
-      out[target.attr] = out[target.attr] or doc(helper.body[-1].lineno)
-    if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "dict":
-      for kw in value.keywords:
-        if kw.arg:
-          out[f"{target.attr}.{kw.arg}"] = doc(kw.value.lineno)
+
+_SECTION = object()  # the value `_leaves` gives a group
+
+
+def _is_section(value: Any) -> bool:
+  return hasattr(value, "keys") and not isinstance(value, str)
+
+
+def _leaves(config: Any, prefix: str = "") -> list[tuple[str, Any]]:
+  """(dotted name, value) of every group ("es", _SECTION) and field ("es.sigma", 1e-3) of `config`
+  in order; a declared field holding a dict (e.g. data.task_config) is one field."""
+  out = []
+  for k in config.keys():
+    dotted, value = prefix + k, config[k]
+    if _is_section(value) and dotted not in fields.declared():
+      out += [(dotted, _SECTION), *_leaves(value, dotted + ".")]
+    else:
+      out.append((dotted, value.to_dict() if hasattr(value, "to_dict") else value))
   return out
 
 
 def describe(config: Any) -> str:
   """Every key of `config`: its value, what values are allowed and what it means (for
-  `--help_config`)."""
-  rules, docs = config_check.schema(), field_docs()
+  `--help_config`); a key without a declaration is listed with its value only."""
+  declared, docs = fields.declared(), field_docs()
   lines = []
-  for dotted in config_check.all_fields(config):
-    value = config
-    for part in dotted.split("."):
-      value = value[part]
-    section = hasattr(value, "keys") and not isinstance(value, str)
-    if section:
+  for dotted, value in _leaves(config):
+    if value is _SECTION:
       lines += ["", f"{dotted}:" + (f"  # {docs[dotted]}" if docs.get(dotted) else "")]
       continue
     line = f"  {dotted} = {value!r}"
-    if dotted in rules:
-      try:
-        need = rules[dotted](object())  # what the rule asks of a value it cannot accept
-      except Exception:  # noqa: BLE001 - a rule that needs a real value: no hint
-        need = None
-      if need:
-        line += f"  [{need}]"
-    parent = dotted.rpartition(".")[0]
-    if docs.get(dotted) and docs[dotted] != docs.get(parent):
-      line += f"  # {docs[dotted]}"
+    if dotted in declared:
+      need = _allowed(declared[dotted])
+      line += f"  [{need}]" if need else ""
+      line += f"  # {declared[dotted].help}"
     lines.append(line)
   return "\n".join(lines).lstrip("\n")

@@ -1,5 +1,5 @@
 """The one-line user errors of the experiments (`ConfigError`) and the checks that raise them
-naming the config field: `fail`, `check`, `positive_int`, `positive_finite`, `user_errors`.
+naming the config field: `fail`, `check`, `positive_int`, `user_errors`.
 
 Below `experiments.config_check` and `experiments.config_rules`, which both raise them.
 """
@@ -7,7 +7,6 @@ Below `experiments.config_check` and `experiments.config_rules`, which both rais
 from __future__ import annotations
 
 import contextlib
-import math
 from typing import Any
 
 
@@ -47,10 +46,3 @@ def positive_int(value: Any, field: str) -> int:
     "need an int >= 1",
   )
   return int(value)
-
-
-def positive_finite(value: Any, field: str) -> float:
-  """`value` as a float, or ValueError naming `field` unless it is a finite number > 0."""
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-  check(ok and math.isfinite(value) and value > 0, field, value, "need a finite number > 0")
-  return float(value)

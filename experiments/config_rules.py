@@ -1,30 +1,64 @@
 """Config rules that involve several fields (`cross_checks`, called by
 `experiments.config_check.validate`): ES and GRPO settings that must agree, every model field used
 by its source or refused, counts that must divide one another (population chunks) or fit (Pass@k's
-k), and the fields of a question/answer file task. A field no run reads is refused rather than
-silently ignored, and a GRPO-only setting never blocks an ES run."""
+k), the fields of a question/answer file task, and a report's run directories. A field no run reads
+is refused rather than silently ignored, and a GRPO-only setting never blocks an ES run. Where the
+library holds a rule itself it is called, not restated: the population's noise
+(`es_jax.noise.NoiseSpec`, built by `noise_spec`) checks antithetic pairs and the arithmetic modes'
+full rank."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from es_jax import reference_arithmetic
-from experiments.config_errors import fail
+from es_jax import noise, reference_arithmetic
+from experiments import fields
+from experiments.config_errors import ConfigError, fail
 
 # The [N]-fitness shapings (the in-place arithmetic's update takes one weight per member).
 _IN_PLACE_SHAPINGS = ("zscore", "centered_rank", "shuffled")
+# NoiseSpec's arguments -> the config.es fields they come from.
+_SPEC_FIELDS = {
+  "population_size": "population_size",
+  "antithetic": "antithetic",
+  "rank": "rank",
+  "low_rank_vectors": "low_rank_vectors",
+  "precision": "arithmetic",
+}
+
+
+def noise_spec(es: Any) -> noise.NoiseSpec:
+  """The population's `noise.NoiseSpec` from `config.es` (rank 0 = full rank; `arithmetic` is the
+  spec's precision); the spec's own refusals name the config field.
+
+  Raises:
+    ConfigError: e.g. `config.es.population_size=5 is odd but antithetic=True pairs members ...`.
+  """
+  try:
+    return noise.NoiseSpec(
+      int(es.population_size),
+      antithetic=bool(es.antithetic),
+      rank=int(es.rank) or None,
+      low_rank_vectors=es.low_rank_vectors,
+      precision=es.get("arithmetic", fields.default("es.arithmetic")),  # an older run's config
+    )
+  except ValueError as e:
+    text = str(e)
+    arg = text.partition("=")[0]
+    if arg in _SPEC_FIELDS:
+      raise ConfigError(f"config.es.{_SPEC_FIELDS[arg]}{text[len(arg) :]}") from e
+    raise ConfigError(f"config.es: {text}") from e
 
 
 def cross_checks(config: Any) -> None:
-  """Rules that involve two fields or more; raises ConfigError naming the field to change."""
-  es, grpo, model = config.es, config.grpo, config.model
-  if es.antithetic and es.population_size % 2:
-    raise fail(
-      "es.population_size",
-      es.population_size,
-      "es.antithetic=True pairs members: use an even population size",
-    )
+  """Rules that involve two fields or more; raises ConfigError naming the field to change. A
+  partial config (a test's, a library caller's) gets the rules whose groups it has."""
+  _study_checks(config)
+  if not all(g in config for g in ("es", "grpo", "model", "data")):
+    return
+  es, grpo = config.es, config.grpo
   _es_arithmetic_checks(es)
+  noise_spec(es)
   rows = int(config.data.prompts_per_step) * int(grpo.num_generations)
   if _uses_grpo(config) and grpo.mini_batch_size and rows % int(grpo.mini_batch_size):
     raise fail(
@@ -32,15 +66,29 @@ def cross_checks(config: Any) -> None:
       grpo.mini_batch_size,
       f"must divide the {rows} rollout rows (prompts_per_step x num_generations)",
     )
-  _model_checks(model)
+  _model_checks(config.model)
   _size_checks(config)
   _file_task_checks(config)
+
+
+def _study_checks(config: Any) -> None:
+  """The methods other than training: what their sections need together with the method."""
+  method, report = config.get("method"), config.get("report")
+  if method == "report" and not [w for w in report.workdirs.split(",") if w.strip()]:
+    raise ConfigError("config.report.workdirs is empty: name the run directories, comma-separated.")
+  d, model = config.get("diversity"), config.get("model")
+  if method == "diversity" and d.checkpoints and not (d.run or model.source == "orbax"):
+    raise fail(
+      "diversity.checkpoints",
+      d.checkpoints,
+      "needs diversity.run (an ES run dir) or config.model.source='orbax'",
+    )
 
 
 def _es_arithmetic_checks(es: Any) -> None:
   """es.arithmetic other than "fp32" rounds in the weights' own dtype, so the weights must be
   kept in the model's (with float32 masters it would be "fp32" in all but name); the in-place
-  modes are their codes' plain ES step, nothing else."""
+  modes are their codes' plain ES step (full rank and no antithetic pairs: `noise_spec`)."""
   arithmetic = es.arithmetic
   if arithmetic != "fp32" and es.master_dtype != "":
     raise fail(
@@ -52,15 +100,13 @@ def _es_arithmetic_checks(es: Any) -> None:
   if arithmetic in reference_arithmetic.MODES:
     for field, ok, need in (
       ("optimizer", es.optimizer == "sgd", "sgd"),
-      ("rank", int(es.rank) == 0, "0 (full rank)"),
-      ("antithetic", not es.antithetic, "False"),
       ("shaping", es.shaping in _IN_PLACE_SHAPINGS, f"one of {_IN_PLACE_SHAPINGS}"),
     ):
       if not ok:
         raise fail(f"es.{field}", es[field], f"es.arithmetic={arithmetic!r} needs {need}")
 
 
-_FILE_FIELDS = {"question_field": "question", "answer_field": "answer", "prompt_template": ""}
+_FILE_FIELDS = ("question_field", "answer_field", "prompt_template")
 
 
 def _file_task_checks(config: Any) -> None:
@@ -79,7 +125,8 @@ def _file_task_checks(config: Any) -> None:
   elif d.get("path"):
     raise fail("data.path", d.path, f"only data.task='file' reads it, not {d.task!r}")
   file_in_use = d.task == "file" or (ev is not None and ev.get("task") == "file")
-  for field, unused in _FILE_FIELDS.items():
+  for field in _FILE_FIELDS:
+    unused = fields.declared()[f"data.{field}"].default
     if not file_in_use and d.get(field, unused) != unused:
       raise fail(f"data.{field}", d[field], "only a task 'file' (data or eval) uses it")
   if ev is None:
@@ -121,7 +168,8 @@ def _model_checks(model: Any) -> None:
       "model.preset", model.preset, f"only model.source='random' uses a preset, not {source!r}"
     )
   if source != "orbax":
-    for field, unused in (("base_path", ""), ("base_source", "default")):
+    for field in ("base_path", "base_source"):
+      unused = fields.declared()[f"model.{field}"].default
       if model.get(field, unused) != unused:
         raise fail(
           f"model.{field}",
@@ -133,7 +181,7 @@ def _model_checks(model: Any) -> None:
 def _size_checks(config: Any) -> None:
   """Counts that must divide one another or fit (population chunks, Pass@k's k)."""
   es, ev = config.es, config.get("eval")
-  chunk, pop = int(es.members_per_chunk), int(config.get("mesh", {}).get("pop", 0) or 0)
+  chunk, pop = int(es.members_per_chunk), int(config.mesh.pop)
   per_call = chunk * max(pop, 1)
   if es.population_size % per_call:
     devices = f" x mesh.pop={pop}" if pop > 1 else ""

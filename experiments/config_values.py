@@ -1,17 +1,38 @@
-"""The rules one config value must follow, from which `experiments.config_check.schema` is
-written: `integer`, `number`, `one_of`, `boolean`, `text`, ... A rule returns None when the value
-is allowed, else the text saying what is allowed (`config_check.validate` turns it into one line
-naming the field).
+"""The declaration of a config field (`Field`: default, rule, help) and of a config section
+(`Group`), and the rules a value must follow: `integer`, `number`, `one_of`, `boolean`, `text`, ...
+A rule returns None when the value is allowed, else the text saying what is allowed
+(`config_check.validate` turns it into one line naming the field). The declarations themselves
+are `experiments.fields`.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 # A rule returns None when the value is allowed, else the text saying what is allowed.
 Rule = Callable[[Any], str | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+  """One config field, declared once: `base_config()` takes its default, `config_check.validate`
+  its rule and `--help_config` its help."""
+
+  default: Any
+  rule: Rule
+  help: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+  """A config section `config.<name>`: what it is for, and its fields in order."""
+
+  help: str
+  fields: Mapping[str, Field]
 
 
 def _is_int(x: Any) -> bool:
@@ -75,6 +96,19 @@ def one_of(choices: Iterable[Any]) -> Rule:
   return rule
 
 
+def one_of_registry(path: str, *, extra: tuple = (), sort: bool = False) -> Rule:
+  """One of the names of a library registry `"module:NAME"` (with `extra` first), imported when a
+  value is checked: declaring the field imports no jax (the config files load before the flags are
+  parsed)."""
+  module, _, name = path.partition(":")
+
+  def rule(x):
+    names = getattr(importlib.import_module(module), name)
+    return one_of((*extra, *(sorted(names) if sort else names)))(x)
+
+  return rule
+
+
 def boolean(x: Any) -> str | None:
   return None if isinstance(x, bool) else "need True or False"
 
@@ -127,9 +161,9 @@ def comma_list(choices: Iterable[str] | None = None, *, ints_from: int | None = 
 
 def reward_or_task(*, empty_ok: bool) -> Rule:
   """A name `es_jax.rewards.get_reward` knows (a reward, a task, or reasoning_gym/<task>)."""
-  from es_jax import rewards
 
   def rule(x):
+    rewards = importlib.import_module("es_jax.rewards")  # when checked: no jax at declaration
     if empty_ok and x == "":
       return None
     if isinstance(x, str) and (x.startswith("reasoning_gym/") or x in rewards.TASK_REWARDS):
@@ -147,8 +181,7 @@ def reward_or_task(*, empty_ok: bool) -> Rule:
 
 def task_name(x: Any) -> str | None:
   """A task `es_jax.data.load_task` knows."""
-  from es_jax import data
-
+  data = importlib.import_module("es_jax.data")  # when checked: no jax at declaration
   if isinstance(x, str) and (x.startswith("reasoning_gym/") and len(x) > 14 or x in data.TASKS):
     return None
   if x == data.FILE_TASK:

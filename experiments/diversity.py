@@ -365,13 +365,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   key = jax.random.fold_in(run_data.run_keys(config.seed)["eval"], 0x5D1)
   out = os.path.join(workdir, "diversity")  # several hosts: each measures, process 0 writes
   os.makedirs(out, exist_ok=True)
-  if d.checkpoints:
-    config_check.check(
-      source["ckpt_dir"] is not None,
-      "diversity.checkpoints",
-      d.checkpoints,
-      "needs diversity.run (an ES run dir) or config.model.source='orbax'",
-    )
+  if d.checkpoints:  # with diversity.run or an orbax model (config_rules)
     by_step = []
     for step in checkpoint_steps(source["ckpt_dir"]):
       params, g = _restore(source["ckpt_dir"], step)

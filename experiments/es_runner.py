@@ -37,29 +37,23 @@ from es_jax import es as es_lib
 from es_jax import fitness as fitness_lib
 from es_jax import metrics, models, noise, population, reference_arithmetic, sampling, sharding
 from es_jax.rewards import failure_metrics
-from experiments import config_check, run_context, run_data, run_guard, samples_log, train_loop
+from experiments import (
+  config_check,
+  config_rules,
+  run_context,
+  run_data,
+  run_guard,
+  samples_log,
+  train_loop,
+)
 
 log = logging.getLogger(__name__)
 
 
 def noise_spec(cfg: ml_collections.ConfigDict) -> noise.NoiseSpec:
-  """The population's ``noise.NoiseSpec`` from ``config.es``, for evaluation and update alike.
-
-  Args:
-    cfg: ``config.es``: ``population_size``, ``antithetic``, ``rank`` (0 = full rank),
-      ``low_rank_vectors`` and ``arithmetic`` (the spec's ``precision``; absent = "fp32").
-
-  Returns:
-    The validated spec; a bad field raises ConfigError prefixed ``config.es:``.
-  """
-  with config_check.user_errors("config.es"):
-    return noise.NoiseSpec(
-      int(cfg.population_size),
-      antithetic=bool(cfg.antithetic),
-      rank=int(cfg.rank) or None,
-      low_rank_vectors=cfg.low_rank_vectors,
-      precision=cfg.get("arithmetic", "fp32"),
-    )
+  """The population's ``noise.NoiseSpec`` from ``config.es``, for evaluation and update alike
+  (``config_rules.noise_spec``, the one translation, which validation calls too)."""
+  return config_rules.noise_spec(cfg)
 
 
 def decoding(
@@ -107,7 +101,7 @@ def make_update_rule(
   sharded: bool = False,
   spec: noise.NoiseSpec | None = None,
 ) -> UpdateRule:
-  """The ``UpdateRule`` of ``config.es``, validated with field names.
+  """The ``UpdateRule`` of ``config.es`` (a validated config).
 
   Args:
     cfg: ``config.es``.
@@ -115,10 +109,7 @@ def make_update_rule(
     spec: the population's noise spec, the one its evaluation uses; None builds
       ``noise_spec(cfg)``.
   """
-  config_check.validate_section(cfg, "es")  # also called without a validated config
   spec = noise_spec(cfg) if spec is None else spec
-  with config_check.user_errors("config.es"):
-    fitness_lib.validate_shaping(cfg.shaping)
   return UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
 
 
@@ -187,7 +178,7 @@ def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict
 
 def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_loop.StageResult:
   """Runs (or resumes) one ES stage from `params`; returns the final params."""
-  cfg = ctx.config.es  # validated by make_context (experiments.config_check)
+  cfg = ctx.config.es  # validated by run (experiments.config_check)
   spec = noise_spec(cfg)  # one spec for the evaluation and the update
   layout = run_data.decode_layout(ctx.config)
   members_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id, layout)
@@ -260,4 +251,5 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """An ES run: `config.es.num_steps` steps from the base model, then evaluation and export."""
+  config_check.validate(config)
   return train_loop.run_single(config, workdir, "es", train)

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from es_jax import data
-from experiments import config_check, eval_results, run_data
+from experiments import config_check, eval_results, fields, run_data
 from experiments.eval_tasks import TaskSpec, eval_section, extra_task_sections
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class Heldout:
             task,
             section.get("split") or "",
             limit=int(limit),
-            seed=int(section.get("seed", 0)),
+            seed=int(section.get("seed", fields.default("seed"))),
             task_config=dict(section.get("task_config") or {}) or None,
             exclude=self.exclude,
           )
@@ -104,7 +104,7 @@ def training_set(config: ml_collections.ConfigDict, examples=None) -> Heldout:
   """The `Heldout` of `config`: its training pool's prompts (`examples` if already loaded).
 
   For method="evaluate" a pool that cannot be loaded gives an unknown overlap (a warning)."""
-  drop = bool(config.eval.get("drop_seen", False))
+  drop = bool(config.eval.drop_seen)
   if examples is None:
     section = {**config.data.to_dict(), "progress": False}
     options = run_data.file_options(config.data)

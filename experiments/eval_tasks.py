@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import ml_collections
 
 from es_jax import data
+from experiments import fields
 from experiments.config_check import check
 
 log = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def extra_task_sections(
       "limit": ev.get("limit"),
       "data_dir": ev.get("data_dir"),
       "on_bad_row": ev.get("on_bad_row"),
-      "progress": ev.get("progress", True),
+      "progress": ev.get("progress", fields.default("progress")),
       **entry,
     }
     task = section.get("task")
@@ -175,7 +176,7 @@ def eval_section(config: ml_collections.ConfigDict) -> tuple[dict[str, Any], str
   with data.reward."""
   ev = config.eval
   section = {k: ev[k] for k in ev.keys()}
-  section["progress"] = bool(config.get("progress", True))  # TFDS's bars (run_data)
+  section["progress"] = bool(config.progress)  # TFDS's bars (run_data)
   if ev.task != data.FILE_TASK:
     return section, ev.task, task_label(ev.task)
   if not section.get("path"):

@@ -56,7 +56,7 @@ from experiments import (
   run_data,
   samples_log,
 )
-from experiments.config_check import check, positive_int
+from experiments.config_check import check
 from experiments.eval_resume import prepare as prepare_resume
 from experiments.eval_resume import task_meta
 from experiments.eval_tasks import EvalSettings, TaskSpec
@@ -301,11 +301,7 @@ class Evaluator:
     """`tasks`: the config's evaluation tasks (`eval_data.load_eval_tasks`, loaded before the
     model by the runners); None loads them now. Checks a user's reward; `tokenizer` may be None
     until evaluating."""
-    ev = config.eval
-    names = "limit num_samples max_new_tokens batch_size periodic_limit periodic_num_samples"
-    for name in names.split():
-      positive_int(ev[name], f"eval.{name}")
-    check(isinstance(ev.every, int) and ev.every >= 0, "eval.every", ev.every, "need an int >= 0")
+    ev = config.eval  # validated by the runner (experiments.config_check)
     self.config, self.tokenizer, self.key = ev, tokenizer, keys["eval"]
     self.layout = run_data.decode_layout(config)
     # The final evaluation also covers eval.extra_tasks (loaded now, so bad entries fail before

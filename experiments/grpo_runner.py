@@ -51,7 +51,6 @@ def _grpo_fields(owner: str):
 
 def make_optimizer(cfg: ml_collections.ConfigDict):
   """The clipped AdamW of ``config.grpo`` (learning_rate, weight_decay, max_grad_norm)."""
-  config_check.validate_section(cfg, "grpo")  # also called without a validated config
   with _grpo_fields(""):
     return grpo_update.make_optimizer(
       float(cfg.learning_rate),
@@ -112,7 +111,7 @@ def train(
 
   `ref_params` is the KL reference π_ref (default: the base model, ctx.base_params).
   """
-  cfg = ctx.config.grpo  # validated by make_context (experiments.config_check)
+  cfg = ctx.config.grpo  # validated by run (experiments.config_check)
   group, std = int(cfg.num_generations), GRPO_ADVANTAGE_STD[cfg.advantage_std]
   optimizer = make_optimizer(cfg)
   settings = update_settings(ctx.config, devices=int(ctx.mesh.shape["pop"]))
@@ -205,4 +204,5 @@ def step_metrics(rewards: np.ndarray, completions, adv_stats, update) -> dict[st
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """A GRPO run: `config.grpo.num_steps` steps from the base model, then evaluation and export."""
+  config_check.validate(config)
   return train_loop.run_single(config, workdir, "grpo", train)

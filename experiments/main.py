@@ -9,11 +9,12 @@ Compiled programs are kept in JAX's persistent compilation cache (experiments.co
 ~/.cache/es_jax/jax by default), so a rerun or a later stage loads them instead of compiling;
 `--compile_cache=DIR` moves it, `--compile_cache=` turns it off.
 `config.method` picks the runner from `experiments.configs.base.METHODS` (each module exposes
-`run(config, workdir)`). The config is locked and validated before anything is loaded
-(`experiments.config_check`): an unknown key, a value of the wrong type or out of range is refused
-in one line `error: ...` naming the dotted field (exit status 2, no traceback); so are missing
-files, bad data, a user's reward that breaks its contract (docs/usage.md; at the check before
-the model loads or at any later call), a workdir that holds another method's run and a run that
+`run(config, workdir)`). The config is locked and validated once, before anything is loaded
+(`experiments.config_check`, from each field's declaration in `experiments.fields`): an unknown
+key, a value of the wrong type or out of range is refused in one line `error: ...` naming the
+dotted field (exit status 2, no traceback); so are missing files, bad data, a user's reward
+that breaks its contract (docs/usage.md; at the check before the model loads or at any later
+call), a workdir that holds another method's run and a run that
 stopped because it cannot be learning (`experiments.run_guard`: non-finite rewards or weights, an
 update too large). The data and evaluation files and the reward are checked before the model
 loads. `--dry_run` prints the planned work (completions to generate, an estimated time), loads
@@ -43,7 +44,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from experiments.config_check import ConfigError
+from experiments.config_errors import ConfigError
 from experiments.workdir_lock import WorkdirLock, WorkdirLockedError
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -211,7 +212,7 @@ def setup_logging(verbosity: int) -> None:
 def dry_run(config, workdir: str) -> dict:
   """Loads what the config's method reads (model, training pool, evaluation sets, reward; for
   method=evaluate the model and evaluation sets, disjoint from the training pool when it loads, as
-  evaluate.run); trains nothing."""
+  evaluate.run); trains nothing. `config` was validated (`_main`)."""
   import jax
 
   from es_jax import models
@@ -219,8 +220,6 @@ def dry_run(config, workdir: str) -> dict:
 
   t0 = time.perf_counter()
   if config.method == "evaluate":  # the training pool only to exclude its prompts
-    config_check.validate(config)
-    config_check.check_workdir(config, workdir)
     evaluator = evaluate.Evaluator(config, None, run_data.run_keys(config.seed))  # files first
     with config_check.user_errors("config.model"):
       model, tokenizer = model_io.load_model(config.model, seed=config.seed)

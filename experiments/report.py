@@ -53,7 +53,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from experiments import eval_results, plots
+from experiments import config_check, eval_results, plots
 from experiments.config_errors import ConfigError
 from experiments.report_curves import last_value, steps_cell, train_seconds, training_curves
 from experiments.report_runs import (
@@ -385,14 +385,8 @@ def build(
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   """`method="report"`: the report of `config.report.workdirs` into `report.out`."""
+  config_check.validate(config)
   r = config.report
-  if not split_list(r.workdirs):
-    raise ConfigError("config.report.workdirs is empty: name the run directories, comma-separated.")
   out = r.out or os.path.join(workdir, "report")
-  pairs = []
-  for item in split_list(r.pairs):
-    pair = tuple(part.strip() for part in item.split(":"))
-    if len(pair) != 2 or not all(pair):
-      raise ConfigError(f"config.report.pairs: {item!r} is not 'name:other name'.")
-    pairs.append(pair)
+  pairs = [tuple(part.strip() for part in item.split(":")) for item in split_list(r.pairs)]
   return build(split_list(r.workdirs), out, names=split_list(r.names), pairs=pairs)

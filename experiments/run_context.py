@@ -62,7 +62,7 @@ def check_memory(
   runtime reports it (else the published size, es_jax.memory_plan.CHIPS). The error names the
   config field to lower and the limit. Other platforms, and `mesh.check_memory=False`, skip it.
   """
-  if not bool(config.mesh.get("check_memory", True)):
+  if not bool(config.mesh.check_memory):
     return
   devices = list(devices if devices is not None else jax.devices())
   device = devices[0]
@@ -89,10 +89,10 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   before the model loads.
 
   Raises:
-    ConfigError: a config value is invalid (`config_check.validate`), the workdir holds another
-      method's run, or a file or the data cannot be loaded.
+    ConfigError: the workdir holds another method's run, the population does not split over the
+      devices, or a file or the data cannot be loaded. The config's values are trusted: the
+      runner's `run` validated them (`config_check.validate`).
   """
-  config_check.validate(config)
   config_check.check_workdir(config, workdir)
   mesh = make_mesh(config)
   if config.method in ("es", "sequential"):  # before loading: members run in chunks per device

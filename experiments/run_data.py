@@ -25,7 +25,7 @@ import numpy as np
 
 from es_jax import data, rewards, sampling
 from es_jax.rewards.user import DEFAULT_TIMEOUT_S as DEFAULT_REWARD_TIMEOUT_S
-from experiments import config_check
+from experiments import config_check, fields
 from experiments.config_check import check
 
 KEY_STREAMS = ("noise", "sample", "eval", "init")
@@ -93,7 +93,10 @@ def load_examples(
   check(bool(split), f"{field}.split", split, "name a split")
   with config_check.user_errors(f"config.{field}"):
     examples = data.load_task(
-      split=split, limit=limit, progress=bool(section.get("progress", True)), **kwargs
+      split=split,
+      limit=limit,
+      progress=bool(section.get("progress", fields.default("progress"))),
+      **kwargs,
     )
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
   return examples

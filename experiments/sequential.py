@@ -32,14 +32,8 @@ TRAINERS = {"es": es_runner.train, "grpo": grpo_runner.train}
 
 
 def split_budget(total: int, first_fraction: float) -> tuple[int, int]:
-  """(first, second) stage steps; each at least 1."""
-  config_check.check(total >= 2, "sequential.total_steps", total, "need >= 2 (two stages)")
-  config_check.check(
-    0.0 < first_fraction < 1.0,
-    "sequential.first_fraction",
-    first_fraction,
-    "need a fraction in (0, 1)",
-  )
+  """(first, second) stage steps, each at least 1, of `total` >= 2 steps (a validated config:
+  0 < first_fraction < 1)."""
   first = min(max(round(total * first_fraction), 1), total - 1)
   return first, total - first
 

@@ -119,7 +119,7 @@ def run_pilots(config, workdir: str, sigma: float, records: dict, redo: list[str
     with open(choice_path) as f:
       return json.load(f)
   f = config.fair
-  steps = config_check.positive_int(f.pilot_steps, "fair.pilot_steps")
+  steps = int(f.pilot_steps)
   grids = {"es": [float(r) for r in f.alpha_ratios], "grpo": [float(lr) for lr in f.grpo_lrs]}
   left = {m: int(f.extensions) if int(f.design) == 2 else 0 for m in grids}
   rows, best = [], {}

@@ -36,7 +36,7 @@ from experiments import (
   run_guard,
   samples_log,
 )
-from experiments.config_check import ConfigError, check, positive_int, split_es_precision
+from experiments.config_check import ConfigError, check, split_es_precision
 from experiments.logger import METRICS_FILE, RunLogger, read_metrics
 from experiments.progress import ProgressBar, StepTimer, format_seconds
 
@@ -130,8 +130,6 @@ class Loop:
     if self._own_handler:
       self.preempt = preemption.install_sigterm_handler()
     cfg = ctx.config.checkpoint
-    positive_int(cfg.every, "checkpoint.every")
-    positive_int(cfg.keep, "checkpoint.keep")
     self.ctx, self.stage = ctx, stage
     self.ckpt = Checkpointer(
       stage.ckpt_dir,
@@ -435,7 +433,7 @@ def run_single(config: ml_collections.ConfigDict, workdir: str, name: str, train
   `finish` (evaluation, export, plots)."""
   with preemption.sigterm_scope():
     ctx = run_context.make_context(config, workdir)
-    n = positive_int(config[name].num_steps, f"{name}.num_steps")
+    n = int(config[name].num_steps)
     stage = Stage(name, n, os.path.join(ctx.workdir, "checkpoints"))
     result = train_fn(ctx, ctx.base_params, stage)
     return finish(ctx, result.params, stopped=not result.finished, saved=result.saved)

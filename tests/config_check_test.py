@@ -11,7 +11,7 @@ import ml_collections
 import pytest
 from run_configs import with_fields
 
-from experiments import config_check, config_docs, main, model_io, run_context
+from experiments import config_check, config_docs, fields, main, model_io, run_context
 from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
 
@@ -67,9 +67,13 @@ def test_bad_values_are_refused_naming_the_dotted_field(field, value, allowed):
 
 def test_cross_field_rules():
   smoke = demo_config.get_config("smoke")
-  for fields, name in (
+  for overrides, name in (
     (dict(es__antithetic=True, es__population_size=5), "config.es.population_size=5"),
-    (dict(es__master_dtype="", es__arithmetic="bf16_shared_noise", es__rank=4), "config.es.rank=4"),
+    # es_jax.noise.NoiseSpec's own rules, naming the config field
+    (
+      dict(es__master_dtype="", es__arithmetic="bf16_shared_noise", es__rank=4),
+      r"config.es.arithmetic='bf16_shared_noise' needs materialised weights; .*\(rank=4\)",
+    ),
     (
       dict(es__master_dtype="", es__arithmetic="bf16_tensor_noise", es__optimizer="adam"),
       "config.es.optimizer='adam'",
@@ -82,7 +86,7 @@ def test_cross_field_rules():
     (dict(eval__ks=(1, 64)), r"config.eval.ks=\(1, 64\) .* k=\[64\] is larger"),
   ):
     with pytest.raises(config_check.ConfigError, match=name):
-      config_check.validate(_with(smoke, **fields))
+      config_check.validate(_with(smoke, **overrides))
 
 
 def test_hash_fallback_is_an_opt_in_reward_name():
@@ -101,14 +105,14 @@ def test_hash_fallback_is_an_opt_in_reward_name():
 def test_model_overrides_are_honoured_or_refused(config):
   """The bundled model (source "default") takes no path, preset or base: refused in one line."""
   assert config.model.source == "default"
-  for fields, expected in (
+  for overrides, expected in (
     (dict(model__path="/models/mine"), "set model.source=hf, gguf or orbax"),
     (dict(model__preset="tiny-llama"), "only model.source='random' uses a preset"),
     (dict(model__base_path="/models/base"), "only model.source='orbax' uses it"),
   ):
     with pytest.raises(config_check.ConfigError) as e:
-      config_check.validate(_with(config, **fields))
-    field = next(iter(fields)).replace("__", ".")
+      config_check.validate(_with(config, **overrides))
+    field = next(iter(overrides)).replace("__", ".")
     assert str(e.value).startswith(f"config.{field}=") and expected in str(e.value)
   hf = _with(config, model__source="hf", model__path="/models/mine")
   assert config_check.validate(hf).model.path == "/models/mine"  # honoured: loaded from there
@@ -124,14 +128,19 @@ def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
   assert evaluator.settings(8).ks == (1, 2, 4, 8)
 
 
-def test_make_context_validates_before_loading(monkeypatch):
+def test_runners_validate_before_loading(monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError("the model was loaded before the config was checked")
+
+  from experiments import es_runner, grpo_runner
 
   monkeypatch.setattr(model_io, "load_model", no_loading)
   config = _with(demo_config.get_config("smoke"), method="es", es__shaping="bogus")
   with pytest.raises(config_check.ConfigError, match=r"config\.es\.shaping='bogus'"):
-    run_context.make_context(config, "/nonexistent/workdir")
+    es_runner.run(config, "/nonexistent/workdir")
+  config = _with(demo_config.get_config("smoke"), method="grpo", grpo__top_p=0.0)
+  with pytest.raises(config_check.ConfigError, match=r"config\.grpo\.top_p=0\.0"):
+    grpo_runner.run(config, "/nonexistent/workdir")
 
 
 def test_unknown_key_names_the_dotted_key_and_close_matches():
@@ -228,10 +237,23 @@ def test_cli_user_errors_are_one_line_with_exit_status_2():
     assert out.returncode == 2, out.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith(expected), out.stderr[-2000:]
     assert "Traceback" not in out.stderr
-  # --help_config: every key with its value (overrides applied), allowed values and meaning.
-  out = _cli(smoke, "--help_config", "--config.es.sigma=0.25")
+
+
+def test_help_config_shows_every_fields_value_rule_and_help():
+  """--help_config (main's help path, as a user runs it): one line per field with its value
+  (overrides applied), what its rule allows and its declared help; a line per group with its."""
+  demo = f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}"
+  out = _cli(demo, "--help_config", "--config.es.sigma=0.25")
   assert out.returncode == 0, out.stderr[-2000:]
-  assert "  es.sigma = 0.25  [need a finite number > 0]" in out.stdout.splitlines()
+  lines = out.stdout.splitlines()
+  sigma = fields.declared()["es.sigma"]
+  assert f"  es.sigma = 0.25  [need a finite number > 0]  # {sigma.help}" in lines
+  by_name = {ln.split(" = ")[0].strip(): ln for ln in lines if ln.startswith("  ")}
+  assert set(by_name) == set(fields.declared())
+  for name, field in fields.declared().items():
+    assert field.help and by_name[name].endswith(f"  # {field.help}"), name
+  for name, group in fields.groups().items():
+    assert f"{name}:  # {group.help}" in lines, name
 
 
 def test_describe_lists_every_key_with_its_rule_and_comment():
@@ -240,13 +262,14 @@ def test_describe_lists_every_key_with_its_rule_and_comment():
   lines = text.splitlines()
   keys = {ln.split(" = ")[0].strip() for ln in lines if ln.startswith("  ")}
   sections = {ln.split(":")[0] for ln in lines if ln and not ln.startswith(" ")}
-  assert keys | sections == set(config_check.all_fields(config)) and not keys & sections
+  assert keys == set(fields.declared()) and sections == set(fields.groups())
+  assert "  data.task_config = {'max_digits': 1," in text  # a dict-valued field is one field
   assert "es.population_size" in keys and "seed" in keys and "eval" in sections
   line = next(ln for ln in lines if ln.startswith("  es.population_size = "))
-  assert line.endswith("[need an int >= 1]  # N"), line  # the rule and base.py's comment
+  assert line.endswith("[need an int >= 1]  # N: members per step"), line  # rule and help
   docs = config_docs.field_docs()
   assert docs["eval.every"].startswith("periodic eval every this many steps")
-  assert docs["model"].startswith("source: default (bundled SmolLM2 GGUF)")  # the block above
+  assert docs["model"].startswith("where the weights come from")  # the group's help
 
 
 def test_dry_run_loads_everything_and_writes_nothing(tmp_path, monkeypatch):
@@ -361,15 +384,22 @@ def test_printed_config_shows_only_the_groups_the_method_reads():
   assert "population_sweep" not in shown(method="demo")
 
 
-def test_validate_section_checks_one_section_with_the_schema_rules():
-  es = ml_collections.ConfigDict(base.base_config().es.to_dict())
-  assert config_check.validate_section(es, "es") is es
-  es.sigma = float("nan")
-  with pytest.raises(config_check.ConfigError, match=r"config\.es\.sigma=nan is invalid: need a"):
-    config_check.validate_section(es, "es")
-  grpo = ml_collections.ConfigDict(dict(base.base_config().grpo.to_dict(), master_dtype="bf16"))
-  with pytest.raises(config_check.ConfigError, match=r"config\.grpo\.master_dtype='bf16'"):
-    config_check.validate_section(grpo, "grpo")
+def test_a_config_is_checked_once_and_again_when_changed(monkeypatch):
+  """validate remembers a config that passed by its content: main's call and the runner's cost
+  one check; a changed config is checked again."""
+  from experiments import config_rules
+
+  calls = []
+  real = config_rules.cross_checks
+  monkeypatch.setattr(config_rules, "cross_checks", lambda c: calls.append(1) or real(c))
+  config = _with(demo_config.get_config("smoke"), seed=12345)  # content no other test validates
+  assert config_check.validate(config) is config
+  assert config_check.validate(config) is config
+  assert len(calls) == 1
+  bad = _with(config, es__sigma=float("nan"))
+  for _ in range(2):  # a refused config is never remembered
+    with pytest.raises(config_check.ConfigError, match=r"config\.es\.sigma=nan is invalid"):
+      config_check.validate(bad)
 
 
 def test_runners_read_the_allowed_names_from_the_config_layer():
@@ -384,3 +414,97 @@ def test_runners_read_the_allowed_names_from_the_config_layer():
   assert config_check.schema()["demo.runs"]("es,ppo") is not None
   for order in choices.SEQUENTIAL_ORDERS:
     assert config_check.schema()["sequential.order"](order) is None
+
+
+def _config_leaves(config) -> dict:
+  """{dotted name: value} of every field of a config: the top-level values and each group's."""
+  out = {}
+  for k, v in config.items():
+    if k in fields.groups():
+      out.update({f"{k}.{leaf}": value for leaf, value in v.items()})
+    else:
+      out[k] = v
+  return {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in out.items()}
+
+
+def test_every_config_field_is_declared_once():
+  """base_config() and the declarations (experiments.fields) hold the same fields: none without a
+  declaration, no declaration without a field; each at its declared default, which its rule
+  accepts, with its help written; no group or field declared twice."""
+  leaves = _config_leaves(base.base_config())
+  declared = fields.declared()
+  assert set(leaves) == set(declared)
+  assert len(declared) > 100 and {"es.sigma", "report.pairs", "data.on_bad_row"} <= set(declared)
+  for name, field in declared.items():
+    assert leaves[name] == field.default and type(leaves[name]) is type(field.default), name
+    assert field.rule(field.default) is None, name
+    assert field.help.strip(), name
+  assert len({id(g) for g in fields.groups().values()}) == len(fields.groups())
+  assert len({id(f) for f in declared.values()}) == len(declared)
+  assert config_check.schema() == {name: f.rule for name, f in declared.items()}
+
+
+def _restated_defaults(path: str) -> list[str]:
+  """The places in `path` that write a declared default again: `x.get("<field>", <its default>)`
+  (a section read with a fallback of its own), or a dict or call holding two fields or more of
+  one group at their defaults (a group's defaults copied)."""
+  import ast
+
+  by_leaf = {}
+  for name, field in fields.declared().items():
+    by_leaf.setdefault(name.rpartition(".")[2], []).append((name, field.default))
+
+  def same(node, name_default) -> bool:
+    try:
+      value = ast.literal_eval(node)
+    except ValueError:
+      return False
+    return value == name_default[1] and type(value) is type(name_default[1])
+
+  out = []
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get":
+      key = node.args[0] if node.args else None
+      if len(node.args) == 2 and isinstance(key, ast.Constant) and key.value in by_leaf:
+        if any(same(node.args[1], nd) for nd in by_leaf[key.value]):
+          out.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    pairs = []
+    if isinstance(node, ast.Call):
+      pairs = [(kw.arg, kw.value) for kw in node.keywords if kw.arg]
+    elif isinstance(node, ast.Dict):
+      pairs = [
+        (k.value, v)
+        for k, v in zip(node.keys, node.values, strict=True)
+        if isinstance(k, ast.Constant)
+      ]
+    hits = {}
+    for key, value in pairs:
+      for name, default in by_leaf.get(key, ()):
+        if default not in ("", 0, False, True, None, (), {}) and same(value, (name, default)):
+          hits.setdefault(name.rpartition(".")[0], []).append(key)
+    out += [f"{path}:{node.lineno}: {g} {keys}" for g, keys in hits.items() if len(keys) >= 2]
+  return out
+
+
+def test_no_module_restates_a_declared_default(tmp_path):
+  """Below the declarations nothing writes a field's default again (a fallback reads
+  `fields.default(name)`); the config files (experiments/configs/) override values, and the
+  benchmarks take their own arguments."""
+  import glob
+
+  paths = [
+    p
+    for p in glob.glob(os.path.join(ROOT, "experiments", "**", "*.py"), recursive=True)
+    if not any(f"{os.sep}{d}{os.sep}" in p for d in ("fields", "configs", "benchmarks"))
+  ]
+  assert len(paths) > 30
+  found = [hit for p in sorted(paths) for hit in _restated_defaults(p)]
+  assert not found, found
+  # The check can fail: a copied fallback and a copied block are found.
+  probe = tmp_path / "probe.py"
+  probe.write_text(
+    "a = cfg.get('arithmetic', 'fp32')\nb = dict(sigma=1.5e-3, learning_rate=2.5e-4)\n"
+  )
+  assert len(_restated_defaults(str(probe))) == 2

@@ -88,11 +88,12 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("method", ["es", "grpo"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_non_finite_learning_rate_is_refused(method, value):
-  cfg = _config(**{f"{method}__learning_rate": value})[method]
+def test_non_finite_learning_rate_is_refused(method, value, tmp_path):
+  config = _config(**{f"{method}__learning_rate": value})
   runner = es_runner if method == "es" else grpo_runner
   with pytest.raises(ValueError, match=rf"config\.{method}\.learning_rate=.*finite"):
-    runner.make_optimizer(cfg)
+    runner.run(config, str(tmp_path))  # validated before anything loads
+  assert not os.listdir(tmp_path)
 
 
 def _nan_scorer(monkeypatch):

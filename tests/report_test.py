@@ -246,10 +246,13 @@ def test_pairs_tabulate_differences_between_named_runs(runs, tmp_path):
   assert row[1] == row[2] == f"{d.mean():+.3f} ± {d.std(ddof=1) / math.sqrt(3):.3f}"
   assert "| ES − GRPO→ES |" not in part  # two problems against three: a note, no row
   assert "ES: gsm8k differences: other problems than GRPO→ES's." in result["notes"]
-  for pairs, match in (("ES", "is not 'name:other name'"), ("ES:nope", "'nope' is not a run")):
+  for pairs, match in (
+    ("ES", r"config.report.pairs='ES' is invalid: need comma-separated 'name:other name' pairs"),
+    ("ES:nope", "config.report.pairs: .*'nope' is not a run"),
+  ):
     bad = ConfigDict(c.to_dict())
     bad.report.pairs = pairs
-    with pytest.raises(ValueError, match=f"config.report.pairs: .*{match}"):
+    with pytest.raises(ValueError, match=match):
       report.run(bad, str(tmp_path / "w2"))
 
 
@@ -357,7 +360,7 @@ def test_run_method_config_and_bad_input(runs, tmp_path):
   assert result["report"] == str(tmp_path / "w" / "report" / "report.md")
   assert os.path.getsize(tmp_path / "w" / "report" / "pareto.png") > 1000
   with pytest.raises(ValueError, match="config.report.workdirs is empty"):
-    report.run(ConfigDict({"report": {"workdirs": "", "names": "", "out": ""}}), str(tmp_path))
+    report.run(ConfigDict(dict(base_config().to_dict(), method="report")), str(tmp_path))
   with pytest.raises(ValueError, match="config.report.names: 1 names for 3 runs"):
     report.build(str(runs), str(tmp_path / "o"), names="x")
   with pytest.raises(ValueError, match="is not a directory"):
