@@ -31,7 +31,7 @@ from typing import Any
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel planners share libtpu
 
 from es_jax import memory_plan  # noqa: E402
-from experiments import run_cost, tpu_programs  # noqa: E402
+from experiments import config_check, run_cost, tpu_programs  # noqa: E402
 
 PROGRAMS = memory_plan.METHOD_PROGRAMS
 EXIT_FITS, EXIT_TOO_BIG, EXIT_BAD_INPUT, EXIT_COMPILE_ERROR = 0, 1, 2, 3
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
   args, overrides = parser.parse_known_args(argv)
   try:
     mix = run_cost.parse_length_mix(args.length_mix)
-    config = tpu_programs.load_config(args.config, overrides)
+    config = config_check.validate(tpu_programs.load_config(args.config, overrides))
     results = plan(
       config,
       args.topology,

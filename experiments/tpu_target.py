@@ -1,11 +1,11 @@
 """What a TPU plan (`experiments.tpu_plan`) is made for, without a TPU or any weights.
 
-`load_config` reads a config file with `--config.a.b=value` overrides and validates it.
-`model_config_for` gives its model's `ModelConfig` without reading weights: the `--preset` given,
-else the random model's preset, the bundled default's, a local HF directory's config.json, or the
-preset the path's base name names ("-instruct" dropped). `topology_devices` lists a TPU
-topology's devices through libtpu, and `make_mesh` lays the ('pop', 'model') mesh over them.
-`experiments.tpu_programs` lowers the programs on that mesh.
+`load_config` reads a config file with `--config.a.b=value` overrides. `model_config_for` gives
+its model's `ModelConfig` without reading weights: the `--preset` given, else the random model's
+preset, the bundled default's, a local HF directory's config.json, or the preset the path's base
+name names ("-instruct" dropped). `topology_devices` lists a TPU topology's devices through
+libtpu, and `make_mesh` lays the ('pop', 'model') mesh over them. `experiments.tpu_programs`
+lowers the programs on that mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from jax.sharding import Mesh
 from es_jax import memory_plan, models
 from es_jax import sharding as sharding_lib
 from es_jax.models import hf as hf_lib
-from experiments import config_check
 
 # Where a config's model.path names a known checkpoint without a local copy.
 _PRESET_ALIASES = {"qwen2.5-1.5b-instruct": "qwen2.5-1.5b", "qwen2.5-0.5b-instruct": "qwen2.5-0.5b"}
@@ -58,7 +57,7 @@ def load_config(spec: str, overrides: list[str]):
       node[leaf] = value  # a locked ConfigDict still refuses a value of the wrong type
     except (KeyError, TypeError, AttributeError) as e:
       raise ValueError(f"--config.{field}={text}: {type(e).__name__} {e}") from None
-  return config_check.validate(config)
+  return config
 
 
 def model_config_for(model: Any, *, preset: str = "", dtype: str = "") -> models.ModelConfig:

@@ -6,11 +6,6 @@ runner. Names the library owns stay in the library (es_jax.fitness.SHAPINGS, ...
 
 from __future__ import annotations
 
-# model.source (experiments.model_io.load_model), besides "random" (model.preset's shapes with
-# random weights); model.base_source takes these but "orbax".
-MODEL_SOURCES = ("default", "hf", "gguf", "orbax")
-MODEL_DTYPES = ("", "bfloat16", "float32", "float16")  # model.dtype; "" keeps the checkpoint's
-
 # grpo.advantage_std -> the `std` argument of es_jax.grpo.group_advantages.
 GRPO_ADVANTAGE_STD = {"population": "population", "unbiased": "unbiased", "none": None}
 

@@ -17,7 +17,6 @@ from experiments.config_values import (
   task_name,
   text,
 )
-from experiments.configs.choices import MODEL_DTYPES, MODEL_SOURCES
 
 # The one method table: config.method -> the runner "module:function(config, workdir)" that
 # experiments.main calls.
@@ -86,14 +85,14 @@ MODEL = Group(
   {
     "source": Field(
       "default",
-      one_of((*MODEL_SOURCES, "random")),
+      one_of(("default", "hf", "gguf", "orbax", "random")),
       "default (bundled SmolLM2 GGUF) | hf | gguf | orbax | random: `preset` with random weights "
       "and the bundled SmolLM2 tokenizer (for smoke runs and tests)",
     ),
     "path": Field("", text(), "source hf / gguf / orbax: your model's directory or file"),
     "base_source": Field(
       "default",
-      one_of(s for s in MODEL_SOURCES if s != "orbax"),
+      one_of(("default", "hf", "gguf")),
       "source orbax: where the checkpoint's architecture comes from",
     ),
     "base_path": Field("", text(), "source orbax: the path of base_source"),
@@ -104,7 +103,7 @@ MODEL = Group(
     ),
     "dtype": Field(
       "",
-      one_of(MODEL_DTYPES),
+      one_of(("", "bfloat16", "float32", "float16")),
       "the compute dtype; '' keeps the checkpoint's (bf16 for the paper's HF checkpoints), or "
       "bfloat16 / float32 / float16. Master weights: es.master_dtype, grpo.master_dtype",
     ),
