@@ -131,13 +131,7 @@ def extra_task_sections(
   "task" and any of split, limit, data_dir, on_bad_row (default: eval's), task_config,
   source_dir, label (default: none / the task name), average (default True; in the section).
   Errors name the entry, e.g. `eval.extra_tasks[1].task`; `experiments.eval_data` loads them."""
-  entries = ev.get("extra_tasks") or ()
-  check(
-    isinstance(entries, (list, tuple)),
-    "eval.extra_tasks",
-    entries,
-    "give a list of task names or {task, split, limit, ...} dicts",
-  )
+  entries = ev.get("extra_tasks") or ()  # a list (the field's rule); each entry checked here
   out = []
   for i, entry in enumerate(entries):
     field = f"eval.extra_tasks[{i}]"

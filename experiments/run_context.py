@@ -43,9 +43,8 @@ class Context:
 
 
 def make_mesh(config: ml_collections.ConfigDict):
-  pop = int(config.mesh.pop)
-  check(pop >= 0, "mesh.pop", pop, "need 0 (all devices) or a positive int")
-  return sharding_lib.make_mesh(pop or None, int(config.mesh.model))
+  """The ('pop', 'model') mesh of `config.mesh` (pop 0: every device)."""
+  return sharding_lib.make_mesh(int(config.mesh.pop) or None, int(config.mesh.model))
 
 
 def check_memory(
