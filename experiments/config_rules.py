@@ -74,10 +74,15 @@ def cross_checks(config: Any) -> None:
 def _study_checks(config: Any) -> None:
   """The methods other than training: what their sections need together with the method."""
   method, report = config.get("method"), config.get("report")
-  if method == "report" and not [w for w in report.workdirs.split(",") if w.strip()]:
-    raise ConfigError("config.report.workdirs is empty: name the run directories, comma-separated.")
+  if method == "report" and report is not None:
+    if not [w for w in str(report.get("workdirs") or "").split(",") if w.strip()]:
+      raise ConfigError(
+        "config.report.workdirs is empty: name the run directories, comma-separated."
+      )
   d, model = config.get("diversity"), config.get("model")
-  if method == "diversity" and d.checkpoints and not (d.run or model.source == "orbax"):
+  if method != "diversity" or d is None or model is None:
+    return
+  if d.get("checkpoints") and not (d.get("run") or model.get("source") == "orbax"):
     raise fail(
       "diversity.checkpoints",
       d.checkpoints,

@@ -54,6 +54,10 @@ def test_shipped_configs_pass():
     ("es.population_size", 0, "int >= 1"),
     ("data.task", "gsm9k", "gsm8k"),
     ("demo.runs", "es,ppo", "grpo_es"),
+    ("data.on_bad_row", "ignore", "'skip'"),
+    ("eval.on_bad_row", "", "'raise'"),
+    ("report.pairs", "ES", "'name:other name' pairs"),
+    ("report.out", None, "need a string"),
   ],
 )
 def test_bad_values_are_refused_naming_the_dotted_field(field, value, allowed):
@@ -84,6 +88,8 @@ def test_cross_field_rules():
     (dict(model__source="hf", model__path=""), "config.model.path=''"),
     (dict(es__population_size=6, es__members_per_chunk=4), "config.es.population_size=6"),
     (dict(eval__ks=(1, 64)), r"config.eval.ks=\(1, 64\) .* k=\[64\] is larger"),
+    (dict(method="report"), r"^config.report.workdirs is empty: name the run directories"),
+    (dict(method="diversity", diversity__checkpoints=True), "config.diversity.checkpoints=True"),
   ):
     with pytest.raises(config_check.ConfigError, match=name):
       config_check.validate(_with(smoke, **overrides))
