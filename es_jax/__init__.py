@@ -51,7 +51,7 @@ from es_jax.noise import (
   perturb,
   sample_noise,
 )
-from es_jax.population import evaluate_population
+from es_jax.population import PopulationSettings, evaluate_population
 from es_jax.rewards import get_reward, is_correct
 from es_jax.sampling import Completions, Decoding, generate, generate_members, pad_prompts
 from es_jax.sharding import make_mesh

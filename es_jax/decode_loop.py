@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from es_jax import member_axes as axes_lib
 from es_jax import token_sampling
+from es_jax.member_axes import Member
 from es_jax.models.attention import init_cache, take_group_rows, take_rows, unstack_cache
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import cast_params, forward, unstack_layers
@@ -84,85 +85,66 @@ def cache_length(prompt_len: int, max_new_tokens: int, kv_chunk: int | None) -> 
 
 @functools.partial(
   jax.jit,
-  # Static: shapes, the model structure and the loop's layout decide the compiled program.
-  static_argnames=(
-    "config",
-    "max_new_tokens",
-    "eos_ids",
-    "use_top_p",
-    "pad_id",
-    "greedy",
-    "unroll_layers",
-    "member_axes",
-    "kv_chunk",
-    "compactions",
-    "row_groups",
-  ),
+  # Static: the model structure, the member axes and the row groups decide the compiled program
+  # (as do `decoding`'s static fields: budget, stop tokens, greedy, top-p on/off, layout).
+  static_argnames=("config", "member_axes", "row_groups"),
 )
 def decode(
-  params,
-  deltas,
-  delta_scale,
+  weights: Member,
   prompt_ids,
   prompt_mask,
   key,
+  decoding,
   *,
-  temperature,
-  top_p,
   config: ModelConfig,
-  max_new_tokens: int,
-  eos_ids: tuple[int, ...],
-  use_top_p: bool,
-  pad_id: int,
-  greedy: bool,
-  unroll_layers: bool,
   member_axes=None,
-  kv_chunk: int | None = None,
-  compactions: int = 0,
   row_groups: int = 1,
 ):
   """The decode loop of `generate` and, with `member_axes`, of `generate_members`.
 
+  `weights` is the model as `forward` takes it (params, low-rank deltas, delta_scale);
+  `decoding` a `sampling.Decoding` with `unroll_layers` decided (`sampling.resolved`).
   Member mode: prompt_ids/prompt_mask are [M, P, S], `key` holds M keys, and `member_axes` is
-  `(split_axes(params_axes), split_axes(deltas_axes))` (es_jax.member_axes). The loop runs over
-  the M * P rows as one batch (one unbatched while loop: a vmapped loop would carry a per-row
-  predicate and select the whole KV cache every step); only the model call is vmapped over
-  the members. `kv_chunk` and `compactions`: see the module docstring (None and 0: every step
-  reads the whole cache for every row until the longest row ends). `row_groups` (plain mode):
-  rows are compacted within contiguous groups of B / row_groups rows, e.g. one per device the
-  batch is sharded over, so that compaction moves no row between devices.
+  `split_axes` of the `Member` of in_axes (es_jax.member_axes). The loop runs over the M * P
+  rows as one batch (one unbatched while loop: a vmapped loop would carry a per-row predicate
+  and select the whole KV cache every step); only the model call is vmapped over the members.
+  `decoding.kv_chunk` and `decoding.compactions`: see the module docstring (None and 0: every
+  step reads the whole cache for every row until the longest row ends). `row_groups` (plain
+  mode): rows are compacted within contiguous groups of B / row_groups rows, e.g. one per
+  device the batch is sharded over, so that compaction moves no row between devices.
   """
-  params = cast_params(params, config.jnp_dtype)  # one cast before the loop, not one per step
+  max_new_tokens, pad_id = decoding.max_new_tokens, decoding.pad_id
+  # One cast before the loop, not one per step.
+  weights = Member(*weights)._replace(params=cast_params(weights[0], config.jnp_dtype))
   member_mode = member_axes is not None
   M = prompt_ids.shape[0] if member_mode else row_groups  # groups rows are compacted within
   prompt_ids, prompt_mask = (x.reshape(-1, x.shape[-1]) for x in (prompt_ids, prompt_mask))
   B, S = prompt_ids.shape
   P = B // M
-  slots, chunk = cache_length(S, max_new_tokens, kv_chunk)
-  axes = (None, None)
+  slots, chunk = cache_length(S, max_new_tokens, decoding.kv_chunk)
+  axes = Member(None, None, None)
   if member_mode:
-    axes = tuple(treedef.unflatten(leaves) for leaves, treedef in member_axes)
-  model = _model_call(config, M if member_mode else None, delta_scale, chunk)
-  weights = (params, deltas, axes)
+    leaves, treedef = member_axes
+    axes = treedef.unflatten(leaves)
+  model = _model_call(config, M if member_mode else None, chunk)
   members = M if member_mode else None
   prompts = (prompt_ids, prompt_mask)
-  logits, (params, deltas, axes), cache = _prefill(
-    model, weights, *prompts, config, members, slots, unroll_layers
+  logits, (weights, axes), cache = _prefill(
+    model, (weights, axes), *prompts, config, members, slots, decoding.unroll_layers
   )
-  draw = dict(temperature=temperature, top_p=top_p, use_top_p=use_top_p)
-  sample = functools.partial(_pick, key=key, rows=P, member_mode=member_mode, greedy=greedy, **draw)
-  eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
+  sample = functools.partial(_pick, key=key, rows=P, member_mode=member_mode, decoding=decoding)
+  eos = jnp.asarray(decoding.eos_ids or (-1,), jnp.int32)
   emit = functools.partial(_emit, pick=sample, eos=eos, pad_id=pad_id, rows=P)
 
   def body(state: _Rows) -> _Rows:
     # Feed step t-1's tokens, then emit step t's: max_new_tokens - 1 forwards after the prefill.
     tok, live, t = state.tok[:, None], state.live[:, None], state.t
     positions = (state.prompt_len + t - 1)[:, None]
-    logits, cache = model(params, deltas, axes, tok, positions, live, state.cache, S + t - 1)
+    logits, cache = model(weights, axes, tok, positions, live, state.cache, S + t - 1)
     return emit(state._replace(cache=cache), logits)
 
   state = emit(_start(cache, prompt_mask, M, max_new_tokens, pad_id), logits)
-  sizes = phase_sizes(P, compactions)
+  sizes = phase_sizes(P, decoding.compactions)
   for k, size in enumerate(sizes):
     if k:
       state = _compact(state, M, size, member_mode)
@@ -172,22 +154,23 @@ def decode(
   return jax.tree.map(lambda x: x.reshape(M, P, *x.shape[1:]), state.out)
 
 
-def _model_call(config: ModelConfig, members: int | None, delta_scale, chunk: int | None):
+def _model_call(config: ModelConfig, members: int | None, chunk: int | None):
   """`forward` on a block of the loop's rows; in member mode vmapped over the M members (rows
-  member-major, params / deltas with the in_axes `axes`)."""
-  fwd = functools.partial(forward, config=config, delta_scale=delta_scale, kv_chunk=chunk)
+  member-major, the `Member` weights with the `Member` of in_axes `axes`)."""
+  fwd = functools.partial(forward, config=config, kv_chunk=chunk)
 
-  def model(params, deltas, axes, tokens, positions, mask, cache, cache_index, last_only=False):
+  def model(weights, axes, tokens, positions, mask, cache, cache_index, last_only=False):
     kw = dict(cache_index=cache_index, last_only=last_only)
+
+    def one(w, tok, pos, m, c):
+      p, d, scale = w
+      return fwd(p, tok, pos, mask=m, cache=c, deltas=d, delta_scale=scale, **kw)
+
     if members is None:
-      return fwd(params, tokens, positions, mask=mask, cache=cache, deltas=deltas, **kw)
-
-    def one(p, d, tok, pos, m, c):
-      return fwd(p, tok, pos, mask=m, cache=c, deltas=d, **kw)
-
+      return one(weights, tokens, positions, mask, cache)
     split = lambda x: x.reshape(members, -1, *x.shape[1:])  # noqa: E731
-    logits, cache = jax.vmap(one, in_axes=(*axes, 0, 0, 0, 0))(
-      params, deltas, split(tokens), split(positions), split(mask), cache
+    logits, cache = jax.vmap(one, in_axes=(axes, 0, 0, 0, 0))(
+      weights, split(tokens), split(positions), split(mask), cache
     )
     return logits.reshape(-1, *logits.shape[2:]), cache
 
@@ -195,9 +178,10 @@ def _model_call(config: ModelConfig, members: int | None, delta_scale, chunk: in
 
 
 def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, unroll_layers):
-  """Runs the prompts into a fresh cache of `slots` slots. Returns (last logits [B, 1, V],
-  (params, deltas, axes) in the layout the decode steps use, cache)."""
-  params, deltas, axes = weights
+  """Runs the prompts into a fresh cache of `slots` slots. `weights`: (the `Member`, its
+  `Member` of in_axes). Returns (last logits [B, 1, V], (member, axes) in the layout the decode
+  steps use, cache)."""
+  (params, deltas, scale), axes = weights
   B, S = prompt_ids.shape
   if members is None:
     cache = init_cache(config, B, slots)
@@ -214,7 +198,7 @@ def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, un
     cache = unstacked(cache)
   positions = jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=-1) - 1, 0)
   logits, cache = model(
-    params, deltas, axes, prompt_ids, positions, prompt_mask, cache, 0, last_only=True
+    Member(params, deltas, scale), axes, prompt_ids, positions, prompt_mask, cache, 0, True
   )
   if unroll_layers and not given_unstacked:
     # Decode over per-layer copies of the weights (made once here; the barrier keeps XLA from
@@ -223,13 +207,13 @@ def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, un
       params, deltas = unstack_layers(params), None if deltas is None else unstack_layers(deltas)
     else:
       (params, p_axes), (deltas, d_axes) = (
-        axes_lib.unstack_member_layers(params, axes[0], config.num_layers),
-        axes_lib.unstack_member_layers(deltas, axes[1], config.num_layers),
+        axes_lib.unstack_member_layers(params, axes.params, config.num_layers),
+        axes_lib.unstack_member_layers(deltas, axes.deltas, config.num_layers),
       )
-      axes = (p_axes, d_axes)
+      axes = axes._replace(params=p_axes, deltas=d_axes)
     params, deltas = jax.lax.optimization_barrier((params, deltas))
     cache = unstacked(cache)
-  return logits, (params, deltas, axes), cache
+  return logits, (Member(params, deltas, scale), axes), cache
 
 
 def row_uniform(key, t):
@@ -238,13 +222,13 @@ def row_uniform(key, t):
   return jax.random.uniform(jax.random.fold_in(key, t), (1,))[0]
 
 
-def _pick(t, logits, row, *, key, rows, member_mode, greedy, temperature, top_p, use_top_p):
+def _pick(t, logits, row, *, key, rows, member_mode, decoding):
   """Step t's tokens from logits [B', V]. Row r of group (member) m draws
   ``uniform(fold_in(key_m, t), (P,))[r]``, with one key for all groups outside member mode
   (``uniform(fold_in(key, t), (M * P,))`` split by group): the static loop's draw for the row.
   Outside member mode `key` may also hold one key per row ([B]): row r draws
   ``row_uniform(key[r], t)``."""
-  if greedy:
+  if decoding.greedy:
     return token_sampling.argmax(logits)
   groups = row.shape[0]  # row [M, P'] holds original rows of P per group
   if member_mode:
@@ -254,7 +238,9 @@ def _pick(t, logits, row, *, key, rows, member_mode, greedy, temperature, top_p,
   else:
     u = jax.random.uniform(jax.random.fold_in(key, t), (groups * rows,)).reshape(groups, rows)
   u = jnp.take_along_axis(u, row, axis=1).reshape(-1)
-  return token_sampling.sample_from_uniform(logits, u, temperature, top_p, use_top_p=use_top_p)
+  return token_sampling.sample_from_uniform(
+    logits, u, decoding.temperature, decoding.top_p, use_top_p=decoding.use_top_p
+  )
 
 
 def _emit(state: _Rows, logits, *, pick, eos, pad_id: int, rows: int) -> _Rows:

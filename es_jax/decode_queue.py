@@ -23,7 +23,6 @@ a row differently, more so once the batch shrinks; see `es_jax.decode_loop`). Gr
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import jax
@@ -38,6 +37,7 @@ from es_jax.decode_loop import (
   phase_sizes,
   row_uniform,
 )
+from es_jax.member_axes import Member
 from es_jax.models.attention import KVCache, init_cache, take_rows, unstack_cache
 from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import (
@@ -54,39 +54,27 @@ def generate_queue(
   params_or_model: Params | Transformer,
   prompt_ids,
   prompt_mask,
+  decoding: sampling.Decoding,
   *,
+  key: jax.Array,
   rows: int,
-  max_new_tokens: int,
-  key: jax.Array | None = None,
-  keys: jax.Array | None = None,
-  temperature: float | jax.Array = 0.0,
-  top_p: float | jax.Array | None = None,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
   config: ModelConfig | None = None,
-  deltas: Params | None = None,
-  delta_scale: float | jax.Array | None = None,
-  unroll_layers: bool | None = None,
-  kv_chunk: int | None = sampling.KV_CHUNK,
-  refill_rows: int | None = None,
-  compactions: int = 0,
   max_tokens=None,
 ) -> Completions:
   """Samples continuations of W left-padded prompts through `rows` rows (continuous batching).
 
   Args:
-    params_or_model, config, deltas, delta_scale, unroll_layers, kv_chunk: as for
-      `sampling.generate`.
+    params_or_model, config: as for `sampling.generate`.
     prompt_ids: [W, S] int, the work items, left-padded (`sampling.pad_prompts`).
     prompt_mask: [W, S] bool, False on padding.
+    decoding: the decode settings (`sampling.Decoding`), as for `generate`; its
+      `refill_rows` is R, items prefilled together once R rows are free (static; default
+      B / 4), and its `compactions` the halvings of the batch once no item waits (module
+      docstring).
+    key: one PRNG key (item i draws with ``fold_in(key, i)``), or [W] typed PRNG keys, one per
+      item (item i draws with ``key[i]``; module docstring).
     rows: B, rows decoded at once (static); more than W is cut to W.
-    max_new_tokens, temperature, top_p, eos_ids, pad_id: the decode settings (a `Decoding`'s
-      `generate_kwargs()`), as for `generate`.
-    key: one PRNG key: item i draws with ``fold_in(key, i)``. Or
-    keys: [W] typed PRNG keys, one per item (item i draws with ``keys[i]``; module docstring).
-    refill_rows: R, prompts prefilled together once R rows are free (static); default B / 4.
-    compactions: halvings of the batch once no item waits (static; module docstring).
-    max_tokens: optional [W] ints, each item's own budget (at most `max_new_tokens`).
+    max_tokens: optional [W] ints, each item's own budget (at most `decoding.max_new_tokens`).
 
   Returns:
     Completions with leaves [W, max_new_tokens] ([W] lengths), in work-item order.
@@ -98,28 +86,23 @@ def generate_queue(
     raise ValueError("generate_queue: pass `config=` when giving a params dict instead of a model.")
   ids, mask = sampling._checked_prompts("generate_queue", prompt_ids, prompt_mask)
   W = ids.shape[0]
-  if (key is None) == (keys is None):
-    raise ValueError("generate_queue: pass exactly one of `key` (one key) and `keys` ([W] keys).")
-  if keys is None:
-    sampling._check_keys("generate_queue", "key", key, ())
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(W))
-  sampling._check_keys("generate_queue", "keys", keys, (W,))
+  sampling._check_keys("generate_queue", "key", key, (), (W,))
+  if key.shape != (W,) or not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(W))
   B = min(_checks.positive_int(rows, "rows"), W)
-  R = max(B // 4, 1) if refill_rows is None else _checks.positive_int(refill_rows, "refill_rows")
+  decoding = sampling.resolved(decoding, "generate_queue")
+  R = max(B // 4, 1) if decoding.refill_rows is None else decoding.refill_rows
   if R > B:
-    raise ValueError(f"generate_queue: refill_rows={R} must be at most rows={B}.")
-  opts = sampling._decode_options(
-    max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers
-  )
-  T = opts["max_new_tokens"]
+    raise ValueError(f"generate_queue: Decoding.refill_rows={R} must be at most rows={B}.")
+  T = decoding.max_new_tokens
   budgets = jnp.full((W,), T, jnp.int32) if max_tokens is None else jnp.asarray(max_tokens)
   if budgets.shape != (W,) or not jnp.issubdtype(budgets.dtype, jnp.integer):
     raise ValueError(f"generate_queue: max_tokens must be [W={W}] ints, got {budgets.shape}.")
   budgets = jnp.clip(budgets.astype(jnp.int32), 1, T)
+  decoding = decoding.replace(refill_rows=R)
   out, _, _ = decode_queue(
-    params_or_model, deltas, delta_scale, ids, mask, keys, budgets, config=config, rows=B,
-    refill_rows=R, **sampling._loop_options(kv_chunk, compactions), **opts,
-  )  # fmt: skip
+    params_or_model, ids, mask, key, budgets, decoding, config=config, rows=B
+  )
   return out
 
 
@@ -139,59 +122,25 @@ class _Queue(NamedTuple):
 
 @functools.partial(
   jax.jit,
-  # Static: shapes, the model structure and the loop's layout decide the compiled program.
-  static_argnames=(
-    "config",
-    "max_new_tokens",
-    "eos_ids",
-    "use_top_p",
-    "pad_id",
-    "greedy",
-    "unroll_layers",
-    "kv_chunk",
-    "rows",
-    "refill_rows",
-    "compactions",
-  ),
+  # Static: the model structure and the row count decide the compiled program (as do
+  # `decoding`'s static fields: budget, stop tokens, greedy, top-p on/off, layout).
+  static_argnames=("config", "rows"),
 )
-def decode_queue(
-  params,
-  deltas,
-  delta_scale,
-  prompt_ids,
-  prompt_mask,
-  keys,
-  budgets,
-  *,
-  temperature,
-  top_p,
-  config: ModelConfig,
-  max_new_tokens: int,
-  eos_ids: tuple[int, ...],
-  use_top_p: bool,
-  pad_id: int,
-  greedy: bool,
-  unroll_layers: bool,
-  kv_chunk: int | None,
-  rows: int,
-  refill_rows: int,
-  compactions: int = 0,
-):
+def decode_queue(params, prompt_ids, prompt_mask, keys, budgets, decoding, *, config, rows: int):
   """The queue decode loop of `generate_queue` (module docstring). prompt_ids, prompt_mask
-  [W, S]; keys [W] typed keys; budgets [W] int32 in [1, max_new_tokens], each item's cap.
+  [W, S]; keys [W] typed keys; budgets [W] int32 in [1, max_new_tokens], each item's cap;
+  `decoding` a `sampling.Decoding` with `unroll_layers` and `refill_rows` (R <= rows) decided.
 
   Returns (Completions [W, T], decode steps run, prefills run).
   """
-  params, deltas = _decode_weights(params, deltas, config, unroll_layers)
+  params = _decode_weights(params, config, decoding.unroll_layers)
   unrolled = isinstance(params["layers"], (tuple, list))
   W, S = prompt_ids.shape
-  B, R = rows, refill_rows
-  slots, chunk = cache_length(S, max_new_tokens, kv_chunk)
-  model = functools.partial(_model_call(config, None, delta_scale, chunk), params, deltas, None)
+  B, R, T = rows, decoding.refill_rows, decoding.max_new_tokens
+  slots, chunk = cache_length(S, T, decoding.kv_chunk)
+  model = functools.partial(_model_call(config, None, chunk), Member(params), None)
   prompt_len = jnp.sum(prompt_mask, axis=-1).astype(jnp.int32)  # [W]
-  eos = jnp.asarray(eos_ids or (-1,), jnp.int32)
-  draw = dict(temperature=temperature, top_p=top_p, use_top_p=use_top_p, greedy=greedy)
-  emit = functools.partial(_emit, keys=keys, budgets=budgets, eos=eos, pad_id=pad_id, **draw)
+  emit = functools.partial(_emit, keys=keys, budgets=budgets, decoding=decoding)
 
   def fresh_cache(n):
     cache = init_cache(config, n, slots)
@@ -220,8 +169,8 @@ def decode_queue(
       cache=cache, tok=tok, j=j + live, active=still, steps=state.steps + 1, out=out
     )
 
-  state = fill(_start(fresh_cache(B), _empty(W, max_new_tokens, pad_id)))
-  sizes = phase_sizes(B, compactions)
+  state = fill(_start(fresh_cache(B), _empty(W, T, decoding.pad_id)))
+  sizes = phase_sizes(B, decoding.compactions)
   for k, size in enumerate(sizes):  # phase 0 refills; later ones only drain the last items
     if k:
       state = _compact(state, size)
@@ -262,14 +211,13 @@ def _compact(state: _Queue, size: int) -> _Queue:
   )
 
 
-def _decode_weights(params, deltas, config: ModelConfig, unroll_layers: bool):
-  """params, deltas in the compute dtype, with per-layer copies when `unroll_layers` (made once;
-  the barrier keeps XLA from sinking the slices into the loop, where they would be redone)."""
+def _decode_weights(params, config: ModelConfig, unroll_layers: bool):
+  """params in the compute dtype, with per-layer copies when `unroll_layers` (made once; the
+  barrier keeps XLA from sinking the slices into the loop, where they would be redone)."""
   params = cast_params(params, config.jnp_dtype)  # one cast before the loop, not one per step
   if unroll_layers and not isinstance(params["layers"], (tuple, list)):
-    params, deltas = unstack_layers(params), None if deltas is None else unstack_layers(deltas)
-    params, deltas = jax.lax.optimization_barrier((params, deltas))
-  return params, deltas
+    params = jax.lax.optimization_barrier(unstack_layers(params))
+  return params
 
 
 def _refill(state: _Queue, *, model, fresh_cache, prompts, emit, R: int) -> _Queue:
@@ -309,19 +257,19 @@ def _put_rows(cache: KVCache, new: KVCache, dest) -> KVCache:
   return KVCache(k, v, cache.mask.at[dest].set(new.mask, mode="drop"))
 
 
-def _emit(out: Completions, logits, items, j, valid, *, keys, budgets, eos, pad_id, **draw):
+def _emit(out: Completions, logits, items, j, valid, *, keys, budgets, decoding):
   """Token j of each item in `items` [n] from logits [n, V], recorded in `out` where `valid`.
   Returns (out, tokens [n], whether each item goes on)."""
   W = out.tokens.shape[0]
   safe = jnp.minimum(items, W - 1)
-  if draw.pop("greedy"):
+  if decoding.greedy:
     tok = token_sampling.argmax(logits)
   else:
     u = jax.vmap(row_uniform)(keys[safe], j)
-    t, p = draw.pop("temperature"), draw.pop("top_p")
-    tok = token_sampling.sample_from_uniform(logits, u, t, p, **draw)
+    t, p = decoding.temperature, decoding.top_p
+    tok = token_sampling.sample_from_uniform(logits, u, t, p, use_top_p=decoding.use_top_p)
   logp, ent = token_sampling.logprob_and_entropy(logits, tok)
-  tok = jnp.where(valid, tok, pad_id)
+  tok = jnp.where(valid, tok, decoding.pad_id)
   at = jnp.where(valid, items, W)  # out of range: dropped
   out = Completions(
     tokens=out.tokens.at[at, j].set(tok, mode="drop"),
@@ -330,5 +278,6 @@ def _emit(out: Completions, logits, items, j, valid, *, keys, budgets, eos, pad_
     mask=out.mask.at[at, j].set(True, mode="drop"),
     lengths=out.lengths.at[at].add(1, mode="drop"),
   )
+  eos = jnp.asarray(decoding.eos_ids or (-1,), jnp.int32)
   ended = jnp.isin(tok, eos) | (j + 1 >= jnp.take(budgets, safe))
   return out, tok, valid & ~ended

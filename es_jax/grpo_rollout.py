@@ -94,9 +94,9 @@ def rollout(
     cast_params(params, config.jnp_dtype),  # float32 masters sample in the compute dtype
     ids,
     ids_mask,
+    decoding,
     key=key,
     config=config,
-    **decoding.generate_kwargs(),
   )
   return completions, _layout(ids, ids_mask, completions)
 

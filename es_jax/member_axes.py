@@ -1,9 +1,22 @@
-"""Member axes of `sampling.generate_members`: which leaves of the params (and low-rank deltas)
-carry a leading member axis (in_axes 0) and which are shared (None); checking such a tree,
-its static (hashable) form, and unstacking layer-stacked leaves under it."""
+"""Members as the model takes them, and the member axes of `sampling.generate_members`: which
+leaves of a `Member` (params, low-rank deltas, delta_scale) carry a leading member axis (in_axes
+0) and which are shared (None); checking such a tree, its static (hashable) form, and unstacking
+layer-stacked leaves under it."""
+
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+
+class Member(NamedTuple):
+  """A model as `forward(params, ..., deltas=deltas, delta_scale=delta_scale)` takes it: member
+  ``i`` of an ES population computes the model at ``θ + σ ε_i`` (``es_jax.members``). Also the
+  form of its member axes in `sampling.generate_members` (0 or None for each leaf)."""
+
+  params: Any  # the member's weights (low rank: the base, vector leaves perturbed)
+  deltas: dict[str, Any] | None = None  # low rank: LowRankNoise per hook matrix; else None
+  delta_scale: jax.Array | None = None  # low rank: σ / sqrt(r); else None
 
 
 def split_axes(axes):

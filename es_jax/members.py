@@ -17,23 +17,15 @@ weights for any spec (low rank materialised, for small models, generic pytrees a
 """
 
 import math
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from es_jax import noise as noise_lib
 from es_jax import reference_arithmetic
+from es_jax.member_axes import Member
 from es_jax.models.transformer import is_hook_leaf
-
-
-class Member(NamedTuple):
-  """Member ``i`` as the model takes it: ``forward(params, ..., deltas=deltas,
-  delta_scale=delta_scale)`` computes the model at ``θ + σ ε_i``."""
-
-  params: Any  # the member's weights (low rank: the base, vector leaves perturbed)
-  deltas: dict[str, Any] | None  # low rank: LowRankNoise per hook matrix; else None
-  delta_scale: jax.Array | None  # low rank: σ / sqrt(r); else None
 
 
 def _hooked(leaf: noise_lib.Leaf) -> bool:

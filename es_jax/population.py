@@ -31,8 +31,8 @@ are exchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -67,145 +67,181 @@ class PopulationStats(NamedTuple):
   completions: sampling.Completions  # numpy, [n, P, T] (lengths [n, P]).
 
 
-def _member_inputs(params, step_key, i, sigma, spec, own, *, config, sharded, unroll_layers):
-  """Member ``i`` as the decode takes it: ``(its weights, None)`` in full rank and the in-place
-  modes; in low rank ``(the leaves it owns (own[l]), the hook's deltas)``."""
-  params_i, deltas, _ = members_lib.member(params, step_key, i, sigma, spec, sharded=sharded)
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class PopulationSettings:
+  """An ES population as it is evaluated: its noise, σ, the model and how members are batched.
+
+  One value, validated on construction (a ValueError or TypeError names the field). A pytree
+  like ``sampling.Decoding``: ``sigma`` is its leaf, traced under ``jit`` (a new σ does not
+  recompile); the other fields are static (hashable) and decide the compiled program.
+
+  Attributes:
+    spec: the population's ``noise.NoiseSpec`` (``N`` divisible by the ``'pop'`` axis size
+      times ``members_per_chunk``); each member is built as ``members.member`` builds it.
+    sigma: noise scale σ, > 0.
+    config: the model's ``ModelConfig``.
+    members_per_chunk: members vmapped together on a device (``M``); each device loops over
+      its ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
+    mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members, or None.
+    share_sample_key: all members draw with one sample key (common random numbers) instead of
+      member ``i`` with ``fold_in(sample_key, i)``.
+  """
+
+  spec: noise_lib.NoiseSpec
+  sigma: float | jax.Array
+  config: ModelConfig
+  members_per_chunk: int = 1
+  mesh: Mesh | None = None
+  share_sample_key: bool = False
+
+  def __post_init__(self):
+    noise_lib.as_noise_spec(self.spec, "population.PopulationSettings")
+    _checks.positive_int(self.members_per_chunk, "members_per_chunk")
+    if self.spec.population_size % (self.pop_devices * self.members_per_chunk):
+      raise ValueError(
+        f"population_size={self.spec.population_size} must be divisible by the mesh's 'pop' "
+        f"axis ({self.pop_devices} devices) x members_per_chunk={self.members_per_chunk} = "
+        f"{self.pop_devices * self.members_per_chunk}: change one of them."
+      )
+    sigma = _checks.concrete_float(self.sigma)
+    if sigma is not None and not sigma > 0:  # traced values are checked by whoever traced them
+      raise ValueError(f"sigma={self.sigma!r} must be > 0.")
+    object.__setattr__(self, "share_sample_key", bool(self.share_sample_key))
+
+  @property
+  def pop_devices(self) -> int:
+    """Devices the members are split over (the mesh's ``'pop'`` axis)."""
+    return 1 if self.mesh is None else self.mesh.shape["pop"]
+
+  @property
+  def sharded(self) -> bool:
+    """Params split over ``'model'``: member noise drawn in each leaf's layout, on the shards."""
+    return self.mesh is not None and self.mesh.shape["model"] > 1
+
+  def tree_flatten(self):
+    static = (self.spec, self.config, self.members_per_chunk, self.mesh, self.share_sample_key)
+    return (self.sigma,), static
+
+  @classmethod
+  def tree_unflatten(cls, static, leaves):
+    # No validation: the leaf may be a tracer, a sharding or an in_axes marker here.
+    out = object.__new__(cls)
+    names = ("spec", "config", "members_per_chunk", "mesh", "share_sample_key", "sigma")
+    for name, value in zip(names, (*static, *leaves), strict=True):
+      object.__setattr__(out, name, value)
+    return out
+
+
+def _member(params, step_key, i, settings: PopulationSettings, own, unroll_layers: bool):
+  """Member ``i`` as the decode takes it: its weights in full rank and the in-place modes; in
+  low rank the leaves it owns (``own[l]``, a list) with the hook's deltas and σ/√r."""
+  spec = settings.spec
+  member = members_lib.member(params, step_key, i, settings.sigma, spec, sharded=settings.sharded)
   if spec.rank is None:
     # Float32 masters of a bf16 model: the member is θ + σε rounded once to the compute dtype,
     # fused with the perturbation (no float32 member copy).
-    params_i = cast_params(params_i, config.jnp_dtype)
+    params_i = cast_params(member.params, settings.config.jnp_dtype)
     if unroll_layers:
       # Hand generate its unrolled per-layer form directly: a member then holds one copy of θ,
       # not a stacked one plus generate's per-layer copy.
       params_i = unstack_layers(params_i)
-    return params_i, None
-  return [x for x, o in zip(jax.tree.leaves(params_i), own, strict=True) if o], deltas
+    return member._replace(params=params_i)
+  owned = [x for x, o in zip(jax.tree.leaves(member.params), own, strict=True) if o]
+  return member._replace(params=owned)
 
 
-def _member_params(params, owned, own, axis, rank):
-  """The member's params (axis None) or the chunk's (axis 0) from its ``_member_inputs``, with
-  the in_axes tree: in low rank the shared leaves come from ``params``, unbatched."""
-  if rank is None:
-    return owned, jax.tree.map(lambda _: axis, owned)
+def batch_members(params, owned: members_lib.Member, own: list[bool], axis: int | None):
+  """A chunk of members (``axis`` 0: ``owned``'s leaves carry a leading member axis) or one
+  member (``axis`` None) as ``sampling.generate_members`` (``generate``) takes it, from
+  ``_member``'s output: ``(Member, its Member of in_axes)``. In low rank (``owned.params`` a list
+  of the leaves ``own`` marks) the shared leaves come from ``params``, unbatched."""
+  in_axes = lambda tree: jax.tree.map(lambda _: axis, tree)  # noqa: E731
+  if not isinstance(owned.params, list):  # full rank: the whole tree is the member's
+    return owned, members_lib.Member(in_axes(owned.params), None, None)
   base, treedef = jax.tree_util.tree_flatten(params)
-  owned = iter(owned)
-  params_i = treedef.unflatten([next(owned) if o else x for x, o in zip(base, own, strict=True)])
-  return params_i, treedef.unflatten([axis if o else None for o in own])
+  leaves = iter(owned.params)
+  params_i = treedef.unflatten([next(leaves) if o else x for x, o in zip(base, own, strict=True)])
+  axes = members_lib.Member(
+    treedef.unflatten([axis if o else None for o in own]), in_axes(owned.deltas), axis
+  )
+  return owned._replace(params=params_i), axes
 
 
 def _local_completions(
-  params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding, *, first, n_local, kw
+  params, prompt_ids, prompt_mask, step_key, sample_key, decoding, settings, *, first
 ):
-  """The completions of members ``first .. first + n_local`` (one device's share), chunk by
-  chunk; ``kw`` holds ``population_completions``' static settings."""
-  spec, chunk_size, config = kw["spec"], kw["members_per_chunk"], kw["config"]
+  """The completions of one device's share of the members (``first`` onwards), chunk by
+  chunk, for ``population_completions``."""
+  n_local = settings.spec.population_size // settings.pop_devices
   ids = first + jnp.arange(n_local, dtype=jnp.int32)  # [n_local]
-  own = members_lib.member_owned_leaves(params, spec)
-  inputs = functools.partial(  # i -> member i's inputs
-    _member_inputs,
-    params,
-    step_key,
-    sigma=sigma,
-    spec=spec,
-    own=own,
-    config=config,
-    sharded=kw["sharded"],
-    unroll_layers=kw["unroll_layers"],
-  )
-  decode_kw = dict(
-    **decoding.generate_kwargs(),
-    config=config,
-    delta_scale=None if spec.rank is None else sigma / jnp.float32(math.sqrt(spec.rank)),
-    unroll_layers=kw["unroll_layers"],
+  own = members_lib.member_owned_leaves(params, settings.spec)
+  inputs = functools.partial(  # i -> member i
+    _member, params, step_key, settings=settings, own=own, unroll_layers=decoding.unroll_layers
   )
 
   def sample_keys(members):
-    if kw["share_sample_key"]:
+    if settings.share_sample_key:
       return jnp.broadcast_to(sample_key, members.shape)
     return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(sample_key, members)
 
   def chunk(members):  # [M]
-    if chunk_size == 1:
+    if settings.members_per_chunk == 1:
       # No member axis: a size-1 vmap turns every matmul into a batched dot, much slower on CPU.
-      owned, deltas = inputs(members[0])
-      member_params = _member_params(params, owned, own, None, spec.rank)[0]
+      member, _ = batch_members(params, inputs(members[0]), own, None)
       key = sample_keys(members)[0]
       out = sampling.generate(
-        member_params, prompt_ids, prompt_mask, key=key, deltas=deltas, **decode_kw
+        member.params,
+        prompt_ids,
+        prompt_mask,
+        decoding,
+        key=key,
+        config=settings.config,
+        deltas=member.deltas,
+        delta_scale=member.delta_scale,
       )
       return jax.tree.map(lambda x: x[None], out)
     # Noise one member at a time (lax.map, bit-identical to the update's regeneration for every
     # PRNG implementation; vmap is not for rbg).
-    owned, deltas = jax.lax.map(inputs, members)
-    params_m, params_axes = _member_params(params, owned, own, 0, spec.rank)
+    weights, axes = batch_members(params, jax.lax.map(inputs, members), own, 0)
     # One decode loop over the chunk's M x P rows; the model call is vmapped over members.
+    keys = sample_keys(members)
     return sampling.generate_members(
-      params_m,
-      prompt_ids,
-      prompt_mask,
-      keys=sample_keys(members),
-      params_axes=params_axes,
-      deltas=deltas,
-      deltas_axes=None if deltas is None else jax.tree.map(lambda _: 0, deltas),
-      **decode_kw,
+      weights, axes, prompt_ids, prompt_mask, decoding, keys=keys, config=settings.config
     )
 
   # A scan over chunks: one chunk's perturbed weights live at a time.
-  out = jax.lax.map(chunk, ids.reshape(-1, chunk_size))  # leaves [C, M, P, ...]
+  out = jax.lax.map(chunk, ids.reshape(-1, settings.members_per_chunk))  # leaves [C, M, P, ...]
   return jax.tree.map(lambda x: x.reshape(n_local, *x.shape[2:]), out)
 
 
-@functools.partial(
-  jax.jit,
-  # Static: they decide shapes, the noise structure, the sharding and the compiled program.
-  static_argnames=tuple(
-    "config spec members_per_chunk mesh share_sample_key unroll_layers".split()
-  ),
-)
+@jax.jit
 def population_completions(
   params: Any,
   prompt_ids: jax.Array,
   prompt_mask: jax.Array,
   step_key: jax.Array,
   sample_key: jax.Array,
-  sigma: jax.Array,
   decoding: sampling.Decoding,
-  *,
-  config: ModelConfig,
-  spec: noise_lib.NoiseSpec,
-  members_per_chunk: int,
-  mesh: Mesh | None,
-  share_sample_key: bool,
-  unroll_layers: bool | None = None,
+  settings: PopulationSettings,
 ) -> sampling.Completions:
   """Completions of every member, ``[N, P, T]``, split over ``'pop'`` (jitted, no host work).
 
-  See ``evaluate_population`` for the arguments; inputs are not validated here (``spec`` and
-  ``decoding`` validated themselves on construction; ``spec`` is static and hashable,
-  ``decoding`` a pytree whose temperature and top-p are traced). ``unroll_layers``: decode over
-  per-layer weights (see ``sampling.generate``); None decides from the mesh's devices
-  (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a CPU host
-  gets the TPU layout.
+  See ``evaluate_population`` for the arguments; inputs are not validated here (``settings``
+  and ``decoding`` validated themselves on construction; their σ, temperature and top-p are
+  traced, their other fields static). ``decoding.unroll_layers`` None decides from the mesh's
+  devices (``sampling.default_unroll_layers``: on for CPUs), so compiling for a TPU mesh on a
+  CPU host gets the TPU layout.
   """
-  spec = noise_lib.as_noise_spec(spec, "population_completions")
-  n_dev = 1 if mesh is None else mesh.shape["pop"]
-  n_local = spec.population_size // n_dev
-  kw = dict(
-    spec=spec,
-    config=config,
-    members_per_chunk=members_per_chunk,
-    share_sample_key=share_sample_key,
-    # Params split over 'model': member noise drawn in each leaf's layout, on the shards only.
-    sharded=mesh is not None and mesh.shape["model"] > 1,
-    unroll_layers=sampling.default_unroll_layers(mesh) if unroll_layers is None else unroll_layers,
-  )
+  mesh = settings.mesh
+  decoding = sampling.resolved(decoding, "population_completions", mesh)
 
   def local(*args):
+    n_local = settings.spec.population_size // settings.pop_devices
     first = 0 if mesh is None else jax.lax.axis_index("pop") * n_local
-    return _local_completions(*args, first=first, n_local=n_local, kw=kw)
+    return _local_completions(*args, first=first)
 
-  args = (params, prompt_ids, prompt_mask, step_key, sample_key, sigma, decoding)
+  args = (params, prompt_ids, prompt_mask, step_key, sample_key, decoding, settings)
   if mesh is None:
     return local(*args)
   manual = {"pop"} if mesh.shape["model"] > 1 else set(mesh.axis_names)
@@ -224,16 +260,11 @@ def evaluate_population(
   prompt_ids: Any,
   prompt_mask: Any,
   *,
-  config: ModelConfig,
-  step_key: jax.Array,
-  sigma: float | jax.Array,
-  spec: noise_lib.NoiseSpec,
+  settings: PopulationSettings,
   decoding: sampling.Decoding,
+  step_key: jax.Array,
   score_fn: ScoreFn,
-  mesh: Mesh | None = None,
-  members_per_chunk: int = 1,
   sample_key: jax.Array | None = None,
-  share_sample_key: bool = False,
 ) -> tuple[np.ndarray, PopulationStats]:
   """Fitness of the ES population ``θ + σ ε_i``, ``i < N``, on one batch of prompts.
 
@@ -247,76 +278,53 @@ def evaluate_population(
     prompt_ids: ``[P, S]`` int, left-padded prompts (``sampling.pad_prompts``), the same for
       every member.
     prompt_mask: ``[P, S]`` bool, False on padding.
-    config: the model's config.
-    step_key: key of this ES step; member ``i``'s noise is ``noise.member_noise(params, step_key,
-      i, spec)``.
-    sigma: noise scale σ (traced: changing it does not recompile); validated > 0 here.
-    spec: the population's ``noise.NoiseSpec`` (``N`` divisible by the ``'pop'`` axis size
-      times ``members_per_chunk``); each member is built as ``members.member`` builds it.
+    settings: the population (``PopulationSettings``: spec, σ, model config, member batching,
+      mesh, shared sample key).
     decoding: the ``sampling.Decoding`` every member decodes with: budget ``T``, temperature (0
       for greedy fitness, the paper's Easy setting), top-p, EOS and pad tokens.
+    step_key: key of this ES step; member ``i``'s noise is ``noise.member_noise(params, step_key,
+      i, spec)``.
     score_fn: host function ``(tokens [P, T] np.int32, mask [P, T] np.bool_) -> [P] rewards``,
       called once per member (decode with a tokenizer and score with a verifier there).
-    mesh: a ``sharding.make_mesh`` mesh whose ``'pop'`` axis splits the members, or None.
-    members_per_chunk: members vmapped together on a device (``M``); each device loops over its
-      ``N / (pop * M)`` chunks. Full rank holds ``M`` perturbed copies of θ per device.
     sample_key: key for sampled decoding (required unless ``decoding`` is greedy); member
       ``i`` draws with ``fold_in(sample_key, i)``, or all members with ``sample_key`` if
-      ``share_sample_key`` (common random numbers).
-    share_sample_key: see ``sample_key``.
+      ``settings.share_sample_key`` (common random numbers).
 
   Returns:
     ``(fitness [N] float32, PopulationStats)``. NaN rewards give NaN fitness, which
     ``es_jax.fitness`` ranks worst.
 
   Raises:
-    TypeError: ``spec`` is not a ``NoiseSpec`` or ``decoding`` not a ``Decoding``.
+    TypeError: ``settings`` is not a ``PopulationSettings`` or ``decoding`` not a ``Decoding``.
   """
-  spec = noise_lib.as_noise_spec(spec, "population.evaluate_population")
-  population_size = spec.population_size
-  prompt_ids, prompt_mask = _checked_inputs(
-    spec, members_per_chunk, mesh, sigma, decoding, sample_key, prompt_ids, prompt_mask
-  )
-  num_prompts = prompt_ids.shape[0]
-  if mesh is not None:
-    params = sharding_lib.place_params(params, mesh)
-  decoding = decoding.as_float32()
+  prompt_ids, prompt_mask = _checked_inputs(settings, decoding, sample_key, prompt_ids, prompt_mask)
+  if settings.mesh is not None:
+    params = sharding_lib.place_params(params, settings.mesh)
+  settings = jax.tree.map(lambda s: jnp.asarray(s, jnp.float32), settings)
   out = population_completions(
     params,
     prompt_ids,
     prompt_mask,
     step_key,
     step_key if sample_key is None else sample_key,  # unused when greedy
-    jnp.asarray(sigma, jnp.float32),
-    decoding,
-    config=config,
-    spec=spec,
-    members_per_chunk=members_per_chunk,
-    mesh=mesh,
-    share_sample_key=share_sample_key,
+    decoding.as_float32(),
+    settings,
   )
-  return _score(out, score_fn, num_prompts, population_size)
+  return _score(out, score_fn, prompt_ids.shape[0], settings.spec.population_size)
 
 
-def _checked_inputs(spec, members_per_chunk, mesh, sigma, decoding, sample_key, ids, mask):
+def _checked_inputs(settings, decoding, sample_key, ids, mask):
   """``evaluate_population``'s checks (ValueError / TypeError naming the argument); returns the
   prompts as numpy ``int32`` / ``bool`` arrays."""
-  _checks.positive_int(members_per_chunk, "members_per_chunk")
-  n_dev = 1 if mesh is None else mesh.shape["pop"]
-  if spec.population_size % (n_dev * members_per_chunk):
-    raise ValueError(
-      f"population_size={spec.population_size} must be divisible by the mesh's 'pop' axis "
-      f"({n_dev} devices) x members_per_chunk={members_per_chunk} = "
-      f"{n_dev * members_per_chunk}: change one of them."
-    )
-  sigma_value = _checks.concrete_float(sigma)
-  if sigma_value is not None and not sigma_value > 0:
-    raise ValueError(f"sigma={sigma!r} must be > 0.")
-  if not isinstance(decoding, sampling.Decoding):
-    raise TypeError(
-      f"population.evaluate_population: decoding must be a sampling.Decoding, got "
-      f"{type(decoding).__name__}."
-    )
+  for name, value, kind in (
+    ("settings", settings, PopulationSettings),
+    ("decoding", decoding, sampling.Decoding),
+  ):
+    if not isinstance(value, kind):
+      raise TypeError(
+        f"population.evaluate_population: {name} must be a {kind.__module__.split('.')[-1]}."
+        f"{kind.__name__}, got {type(value).__name__}."
+      )
   if not decoding.greedy and sample_key is None:
     raise ValueError(f"temperature={decoding.temperature} samples tokens: pass sample_key=.")
   prompt_ids = np.asarray(ids, np.int32)

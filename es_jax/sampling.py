@@ -31,11 +31,11 @@ from es_jax.models.config import ModelConfig
 from es_jax.models.transformer import Params, Transformer
 from es_jax.models.transformer import params as model_params
 
-# The decode loop's defaults (`generate`'s kv_chunk and compactions; see es_jax.decode_loop).
+# The decode loop's layout defaults (`Decoding`'s kv_chunk and compactions; es_jax.decode_loop).
 # Off for a direct call (runs set them with config.decode, whose kv_chunk default is 128): the
 # bucketed read sums the softmax without the masked slots and a shrinking batch rounds some rows
 # differently on XLA:CPU, so sampled tokens near a boundary can change, and each compaction
-# phase compiles another copy of the step. Pass kv_chunk=128 (and compactions=2) to read only
+# phase compiles another copy of the step. Set kv_chunk=128 (and compactions=2) to read only
 # the prompt and the first 128 generated tokens' slots while they suffice (and drop finished
 # rows).
 KV_CHUNK = None
@@ -45,11 +45,11 @@ COMPACTIONS = 0
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True)
 class Decoding:
-  """How completions are decoded: the budget, the sampling and the stop tokens.
+  """How completions are decoded: the budget, the sampling, the stop tokens and the loop's layout.
 
-  One value for the five decode settings, validated once on construction (a ValueError names
-  the field). A pytree: ``temperature`` and ``top_p`` are its leaves, traced under ``jit`` (a
-  new value does not recompile); ``max_new_tokens``, ``eos_ids`` and ``pad_id`` are static.
+  One value, passed whole from the config to the decode loop, validated once on construction (a
+  ValueError names the field). A pytree: ``temperature`` and ``top_p`` are its leaves, traced
+  under ``jit`` (a new value does not recompile); the other fields are static.
   Greedy decoding (``temperature`` 0) and no nucleus (``top_p`` None or >= 1) are stored as
   None, so they belong to the static structure and compile the cheaper program (argmax only).
 
@@ -62,6 +62,10 @@ class Decoding:
     kv_chunk: read only the prompt's and the next kv_chunk slots of the KV cache while they
       hold the filled slots (None: the whole cache every step); static. See `generate`.
     compactions: halvings of the batch as rows end (finished rows stop costing); static.
+    unroll_layers: decode over per-layer copies of the weights (see `generate`); None: decided
+      where the decode runs (`default_unroll_layers`, on for CPUs); static.
+    refill_rows: `decode_queue.generate_queue`'s R, items prefilled together once R rows are
+      free (None: a quarter of the rows); static.
   """
 
   max_new_tokens: int
@@ -71,6 +75,8 @@ class Decoding:
   pad_id: int = 0
   kv_chunk: int | None = KV_CHUNK
   compactions: int = COMPACTIONS
+  unroll_layers: bool | None = None
+  refill_rows: int | None = None
 
   def __post_init__(self):
     def put(name, value):
@@ -88,6 +94,12 @@ class Decoding:
     layout = [int(x) if isinstance(x, np.integer) else x for x in (self.kv_chunk, self.compactions)]
     for name, value in _loop_options(*layout, "Decoding.").items():
       put(name, value)
+    if self.unroll_layers is not None:
+      put("unroll_layers", bool(self.unroll_layers))
+    if self.refill_rows is not None:
+      refill = self.refill_rows
+      refill = int(refill) if isinstance(refill, np.integer) else refill
+      put("refill_rows", _checks.positive_int(refill, "Decoding.refill_rows"))
     t = None if self.temperature is None else _checks.concrete_float(self.temperature)
     if t is not None:  # traced values are checked by whoever traced them
       if not (math.isfinite(t) and t >= 0):
@@ -107,17 +119,13 @@ class Decoding:
   def greedy(self) -> bool:
     return self.temperature is None
 
-  def generate_kwargs(self) -> dict:
-    """The keyword arguments `generate` and `generate_members` take for these settings."""
-    return dict(
-      max_new_tokens=self.max_new_tokens,
-      temperature=0.0 if self.greedy else self.temperature,
-      top_p=self.top_p,
-      eos_ids=self.eos_ids,
-      pad_id=self.pad_id,
-      kv_chunk=self.kv_chunk,
-      compactions=self.compactions,
-    )
+  @property
+  def use_top_p(self) -> bool:
+    return self.top_p is not None
+
+  def replace(self, **changes) -> Decoding:
+    """These settings with `changes` (validated as on construction)."""
+    return dataclasses.replace(self, **changes)
 
   def as_float32(self) -> Decoding:
     """The same settings with float32 array leaves: one argument type for a jitted callee, so
@@ -126,6 +134,7 @@ class Decoding:
 
   def tree_flatten(self):
     static = (self.max_new_tokens, self.eos_ids, self.pad_id, self.kv_chunk, self.compactions)
+    static += (self.unroll_layers, self.refill_rows)
     return (self.temperature, self.top_p), static
 
   @classmethod
@@ -133,7 +142,7 @@ class Decoding:
     # No validation: leaves may be tracers, shardings or in_axes markers here.
     out = object.__new__(cls)
     names = ("max_new_tokens", "eos_ids", "pad_id", "kv_chunk", "compactions")
-    names += ("temperature", "top_p")
+    names += ("unroll_layers", "refill_rows", "temperature", "top_p")
     for name, value in zip(names, (*static, *leaves), strict=True):
       object.__setattr__(out, name, value)
     return out
@@ -215,19 +224,12 @@ def generate(
   params_or_model: Params | Transformer,
   prompt_ids,
   prompt_mask,
+  decoding: Decoding,
   *,
   key: jax.Array,
-  max_new_tokens: int,
-  temperature: float | jax.Array = 0.0,
-  top_p: float | jax.Array | None = None,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
   config: ModelConfig | None = None,
   deltas: Params | None = None,
   delta_scale: float | jax.Array | None = None,
-  unroll_layers: bool | None = None,
-  kv_chunk: int | None = KV_CHUNK,
-  compactions: int = COMPACTIONS,
 ) -> Completions:
   """Samples continuations of left-padded prompts.
 
@@ -235,33 +237,29 @@ def generate(
     params_or_model: a `Transformer`, or its parameter dict (then `config` is required).
     prompt_ids: [B, S] int, left-padded (see `pad_prompts`).
     prompt_mask: [B, S] bool, False on padding.
-    key: PRNG key; row draws at step t use fold_in(key, t). Or one typed key per row ([B]):
-      row r then draws as a one-row batch with key[r] does (`decode_loop.row_uniform`), so its
-      tokens follow from its key whatever the batch (as a work item's in `generate_queue`).
-    max_new_tokens: decode budget (static).
-    max_new_tokens, temperature, top_p, eos_ids, pad_id: the decode settings, validated as a
-      `Decoding` (`**decoding.generate_kwargs()` passes one). temperature is traced, so changing
-      it does not recompile; a concrete 0 compiles a greedy-only program that skips the sampling
-      work (argmax only). top_p None or >= 1 disables the nucleus (a static switch; the value is
-      traced). The EOS token is kept (masked in) and counted in lengths.
-    config: model config when passing a params dict.
-    deltas, delta_scale: low-rank perturbations for the model (see es_jax.models.forward).
-    unroll_layers: decode with per-layer copies of the weights in an unrolled layer loop
-      (`es_jax.models.transformer.unstack_layers`) instead of scanning the stacked layers.
-      Costs one copy of the layer weights per call and a longer compile; saves XLA:CPU copying
-      every layer's weights on every step. Default (None): `default_unroll_layers()`, on when
-      the target is a CPU. Parameters whose "layers" are already unstacked always run unrolled,
-      without that copy.
-    kv_chunk: while the generated tokens fit in the kv_chunk cache slots after the prompt's, a
-      decode step reads only the prompt's slots and those (a short completion does not pay for
-      the whole budget); past them, and with None, it reads the whole allocated cache (the
-      static decode). Static.
-    compactions: how many times the batch may halve as rows end (finished rows leave the
-      batch; each halving compiles one more copy of the step); 0 decodes the whole batch until
-      its longest row ends. Static. Neither changes a row's draws; both change the float
+    decoding: the decode settings (`Decoding`). Its temperature is traced, so changing it does
+      not recompile; greedy (temperature 0) compiles a greedy-only program that skips the
+      sampling work (argmax only); no nucleus (top_p None) is a static switch, the value
+      traced. The EOS token is kept (masked in) and counted in lengths. Its layout:
+      `unroll_layers` decodes with per-layer copies of the weights in an unrolled layer loop
+      (`es_jax.models.transformer.unstack_layers`) instead of scanning the stacked layers: one
+      copy of the layer weights per call and a longer compile, but XLA:CPU does not copy every
+      layer's weights on every step (None: `default_unroll_layers()`, on when the target is a
+      CPU; parameters whose "layers" are already unstacked always run unrolled, without that
+      copy). `kv_chunk`: while the generated tokens fit in the kv_chunk cache slots after the
+      prompt's, a decode step reads only the prompt's slots and those (a short completion does
+      not pay for the whole budget); past them, and with None, it reads the whole allocated
+      cache. `compactions`: how many times the batch may halve as rows end (finished rows
+      leave the batch; each halving compiles one more copy of the step); 0 decodes the whole
+      batch until its longest row ends. Neither changes a row's draws; both change the float
       rounding of its logits, so a sampled token at a rounding boundary can differ from the
       static loop's (`es_jax.decode_loop`). A batch sharded over devices is compacted within
       each device's rows.
+    key: PRNG key; row draws at step t use fold_in(key, t). Or one typed key per row ([B]):
+      row r then draws as a one-row batch with key[r] does (`decode_loop.row_uniform`), so its
+      tokens follow from its key whatever the batch (as a work item's in `generate_queue`).
+    config: model config when passing a params dict.
+    deltas, delta_scale: low-rank perturbations for the model (see es_jax.models.forward).
 
   Returns:
     Completions with tokens, logprobs, entropy, mask [B, max_new_tokens] and lengths [B].
@@ -274,17 +272,28 @@ def generate(
   prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask)
   _check_keys("generate", "key", key, (), (prompt_ids.shape[0],))
   return decode(
-    params_or_model,
-    deltas,
-    delta_scale,
+    axes_lib.Member(params_or_model, deltas, delta_scale),
     prompt_ids,
     prompt_mask,
     key,
+    resolved(decoding, "generate"),
     config=config,
     row_groups=_row_shards(prompt_ids),
-    **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
-    **_loop_options(kv_chunk, compactions),
   )
+
+
+def resolved(decoding: Decoding, caller: str, mesh_or_devices=None) -> Decoding:
+  """`decoding` as the decode loop takes it: `unroll_layers` decided (`default_unroll_layers`
+  of `mesh_or_devices`) and float32 temperature and top-p (one argument type for the jitted
+  loop, so Python and numpy values do not compile programs of their own). TypeError naming
+  `caller` unless `decoding` is a `Decoding`."""
+  if not isinstance(decoding, Decoding):
+    raise TypeError(
+      f"{caller}: decoding must be a sampling.Decoding, got {type(decoding).__name__}."
+    )
+  if decoding.unroll_layers is None:
+    decoding = decoding.replace(unroll_layers=default_unroll_layers(mesh_or_devices))
+  return decoding.as_float32()
 
 
 def _check_keys(caller: str, name: str, key, *shapes) -> None:
@@ -322,8 +331,7 @@ def _loop_options(kv_chunk, compactions, prefix: str = "") -> dict:
 
 
 def _checked_prompts(caller: str, prompt_ids, prompt_mask):
-  """(ids int32, mask bool) as arrays; ValueError naming `caller` on bad shapes. (The decode
-  budget is checked by `Decoding`, in `_decode_options`.)"""
+  """(ids int32, mask bool) as arrays; ValueError naming `caller` on bad shapes."""
   prompt_ids = jnp.asarray(prompt_ids, jnp.int32)
   prompt_mask = jnp.asarray(prompt_mask, bool)
   if prompt_ids.shape != prompt_mask.shape or prompt_ids.ndim != 2:
@@ -334,84 +342,56 @@ def _checked_prompts(caller: str, prompt_ids, prompt_mask):
   return prompt_ids, prompt_mask
 
 
-def _decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers) -> dict:
-  """`decode`'s sampling arguments, normalised by `Decoding` (static switches as Python)."""
-  d = Decoding(max_new_tokens, temperature, top_p, eos_ids, pad_id)
-  if unroll_layers is None:
-    unroll_layers = default_unroll_layers()
-  return dict(
-    temperature=jnp.asarray(0.0 if d.greedy else d.temperature, jnp.float32),
-    top_p=jnp.asarray(1.0 if d.top_p is None else d.top_p, jnp.float32),
-    max_new_tokens=d.max_new_tokens,
-    eos_ids=d.eos_ids,
-    use_top_p=d.top_p is not None,
-    pad_id=d.pad_id,
-    greedy=d.greedy,
-    unroll_layers=bool(unroll_layers),
-  )
-
-
 def generate_members(
-  params: Params,
+  members: axes_lib.Member,
+  axes: axes_lib.Member,
   prompt_ids,
   prompt_mask,
+  decoding: Decoding,
   *,
   keys: jax.Array,
-  params_axes: Params,
-  max_new_tokens: int,
   config: ModelConfig,
-  deltas: Params | None = None,
-  deltas_axes: Params | None = None,
-  delta_scale: float | jax.Array | None = None,
-  temperature: float | jax.Array = 0.0,
-  top_p: float | jax.Array | None = None,
-  eos_ids: Sequence[int] = (),
-  pad_id: int = 0,
-  unroll_layers: bool | None = None,
-  kv_chunk: int | None = KV_CHUNK,
-  compactions: int = COMPACTIONS,
 ) -> Completions:
   """Samples the same prompts from M models at once (an ES population's members).
 
-  Member i's model is `params` (and `deltas`) with every leaf that `params_axes` (`deltas_axes`)
-  marks 0 indexed at [i] on its leading member axis; leaves marked None are shared by all
-  members, as with `jax.vmap`'s in_axes (here given leaf by leaf, as full trees of 0 / None).
-  Member i decodes with `keys[i]` exactly as `generate(member_i, prompt_ids, prompt_mask,
-  key=keys[i], ...)` does (the same tokens; logprobs equal up to float rounding), but all
-  M x P rows run as one batch in one decode loop: only the model call is vmapped over members.
-  (`jax.vmap(generate)` would batch the loop's stopping test, which then selects the whole KV
-  cache on every step.) Shared matrices are one matmul for all rows; low-rank `deltas` add each
-  member's own term (see `es_jax.models.forward`).
+  Member i's model is `members` (params, low-rank deltas and delta_scale, as `generate` takes
+  them) with every leaf that `axes` marks 0 indexed at [i] on its leading member axis; leaves
+  marked None are shared by all members, as with `jax.vmap`'s in_axes (here given leaf by leaf,
+  as a full `Member` tree of 0 / None). Member i decodes with `keys[i]` exactly as
+  `generate(member_i, prompt_ids, prompt_mask, decoding, key=keys[i], ...)` does (the same
+  tokens; logprobs equal up to float rounding), but all M x P rows run as one batch in one
+  decode loop: only the model call is vmapped over members. (`jax.vmap(generate)` would batch
+  the loop's stopping test, which then selects the whole KV cache on every step.) Shared
+  matrices are one matmul for all rows; low-rank `deltas` add each member's own term (see
+  `es_jax.models.forward`).
 
   Args:
-    params, deltas, delta_scale: as for `generate` (params may have unstacked layers), with the
-      member axes described above.
+    members: `Member(params, deltas, delta_scale)` with the member axes described above (params
+      may have unstacked layers; deltas and delta_scale None in full rank).
+    axes: `Member(params_axes, deltas_axes, delta_scale_axis)`: 0 (per member) or None
+      (shared) for every leaf of the matching part of `members`.
     prompt_ids, prompt_mask: [P, S], the same prompts for every member.
+    decoding, config: as for `generate`.
     keys: [M] PRNG keys, one per member (M is the number of members).
-    params_axes, deltas_axes: 0 (per member) or None (shared) for every leaf of params / deltas.
-    Others: as for `generate`.
 
   Returns:
     Completions with leaves [M, P, ...].
   """
   prompt_ids, prompt_mask = _checked_prompts("generate_members", prompt_ids, prompt_mask)
-  if (deltas is None) != (deltas_axes is None):
+  members, axes = axes_lib.Member(*members), axes_lib.Member(*axes)
+  if (members.deltas is None) != (axes.deltas is None):
     raise ValueError("generate_members: pass deltas and deltas_axes together.")
   if keys.ndim != 1:
     raise ValueError(f"generate_members: keys must be [M] (one per member), got {keys.shape}.")
-  members = keys.shape[0]
-  for name, tree, axes in (("params", params, params_axes), ("deltas", deltas, deltas_axes)):
-    axes_lib.check_member_axes(name, tree, axes, members)
-  shape = (members, *prompt_ids.shape)
+  for name in axes_lib.Member._fields:
+    axes_lib.check_member_axes(name, getattr(members, name), getattr(axes, name), keys.shape[0])
+  shape = (keys.shape[0], *prompt_ids.shape)
   return decode(
-    params,
-    deltas,
-    delta_scale,
+    members,
     jnp.broadcast_to(prompt_ids, shape),
     jnp.broadcast_to(prompt_mask, shape),
     keys,
+    resolved(decoding, "generate_members"),
     config=config,
-    member_axes=(axes_lib.split_axes(params_axes), axes_lib.split_axes(deltas_axes)),
-    **_decode_options(max_new_tokens, temperature, top_p, eos_ids, pad_id, unroll_layers),
-    **_loop_options(kv_chunk, compactions),
+    member_axes=axes_lib.split_axes(axes),
   )

@@ -98,13 +98,10 @@ def _greedy(source, spec, ids, mask, sigma: float, decoding, mesh, chunk: int):
     jnp.asarray(mask),
     source["step_key"],
     source["step_key"],  # unused by greedy decoding
-    jnp.float32(sigma),
     decoding.as_float32(),
-    config=source["model_config"],
-    spec=spec,
-    members_per_chunk=chunk,
-    mesh=mesh,
-    share_sample_key=True,
+    population.PopulationSettings(
+      spec, jnp.float32(sigma), source["model_config"], chunk, mesh, share_sample_key=True
+    ),
   )
   return np.asarray(out.tokens), np.asarray(out.mask, bool)
 
@@ -227,9 +224,9 @@ def base_answers(source, examples, score, max_new_tokens: int) -> dict[str, Any]
     source["params"],
     ids,
     mask,
+    greedy,
     key=source["step_key"],
     config=source["model_config"],
-    **greedy.generate_kwargs(),
   )
   tokens, tmask = np.asarray(out.tokens), np.asarray(out.mask, bool)
   texts = [

@@ -209,25 +209,26 @@ class Study:
         src["params"],
         np.tile(ids, (self.members, 1)),
         np.tile(mask, (self.members, 1)),
+        self.decoding,
         key=key,
         config=src["model_config"],
-        **self.decoding.generate_kwargs(),
       )
       shape = (self.members, ids.shape[0], -1)
       return np.asarray(out.tokens).reshape(shape), np.asarray(out.mask).reshape(shape)
+    settings = population.PopulationSettings(
+      self.spec, self.sigma, src["model_config"], self.chunk, self.mesh
+    )
+    # σ as a float32 leaf; 0 (the sampled kind: N copies of θ) set by tree.map, which does not
+    # validate (a population's σ must be > 0).
+    sigma = jnp.float32(self.sigma if kind == "es" else 0.0)
     out = population.population_completions(
       src["params"],
       jnp.asarray(ids),
       jnp.asarray(mask),
       src["step_key"],
       key,
-      jnp.float32(self.sigma if kind == "es" else 0.0),
       self.decoding.as_float32(),
-      config=src["model_config"],
-      spec=self.spec,
-      members_per_chunk=self.chunk,
-      mesh=self.mesh,
-      share_sample_key=False,
+      jax.tree.map(lambda _: sigma, settings),
     )  # members split over 'pop'; several hosts: JS_pol scores every member's tokens everywhere
     return tuple(np.asarray(x) for x in sharding.fetch((out.tokens, out.mask)))
 

@@ -8,9 +8,11 @@ HF export.
 One step (global step g = stage offset + local step s):
   step_key = fold_in(keys["noise"], g)                   # member i: fold_in(step_key, i)
   fitness, stats = es_jax.population.evaluate_population(
-      θ, prompts(g), step_key=step_key, spec=spec, decoding=decoding, ...)
+      θ, prompts(g), settings=PopulationSettings(spec, σ, ...), decoding=decoding,
+      step_key=step_key, ...)
   θ, opt_state = optax.chain(es_gradient(spec), sgd(α) | adam(α)) applied with the same step_key
-                                                         # (α traced: UpdateRule)
+                 (or, for es.arithmetic's in-place modes, their residues and update: one
+                  UpdateRule.apply either way; α and σ traced: StepSizes)
 
 ``spec = noise_spec(config.es)`` is built once per stage and given to both, so the evaluation and
 the update cannot disagree on the noise; ``decoding(config.es, ...)`` is the members' decoding.
@@ -25,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,11 +75,38 @@ def decoding(
     )
 
 
+def population_settings(cfg, spec, model_config, mesh) -> population.PopulationSettings:
+  """The population's ``PopulationSettings`` from ``config.es`` (sigma, members_per_chunk,
+  share_sample_key), ``spec`` (``noise_spec``), the model and the mesh; a bad field raises
+  ConfigError prefixed ``config.es:``."""
+  with config_check.user_errors("config.es"):
+    return population.PopulationSettings(
+      spec,
+      float(cfg.sigma),
+      model_config,
+      int(cfg.members_per_chunk),
+      mesh,
+      bool(cfg.share_sample_key),
+    )
+
+
+class StepSizes(NamedTuple):
+  """The traced sizes of an ES step (float32 scalars: a new value reuses the compiled step)."""
+
+  learning_rate: jax.Array  # α, es.learning_rate
+  sigma: jax.Array | None = None  # σ, es.sigma: the in-place modes' restore residues use it
+
+
 @dataclasses.dataclass(frozen=True)
 class UpdateRule:
-  """The ES update, ``es_gradient(spec)`` then ``sgd(α)`` or ``adam(α)``, as a hashable static
-  argument whose α is a traced value: changing ``es.learning_rate`` does not change the compiled
-  program (a persistent compilation cache is hit across a sweep over α).
+  """The ES update, as a hashable static argument whose α (and σ) are traced values: changing
+  ``es.learning_rate`` does not change the compiled program (a persistent compilation cache is
+  hit across a sweep over α).
+
+  Its arithmetic follows ``spec.precision``: ``es_gradient(spec)`` then ``sgd(α)`` or
+  ``adam(α)`` (``__call__``), or, for the in-place bf16 modes
+  (``reference_arithmetic.MODES``), the members' perturb/restore residues and that code's
+  update, rounded as it rounds. ``apply`` is the one step the runner takes either way.
 
   GRPO wraps its optimizer in ``optax.inject_hyperparams`` for this; here α is passed into the
   jitted step instead, which keeps the optimizer state (and so the checkpoints) as they were:
@@ -93,6 +122,33 @@ class UpdateRule:
     grad = es_lib.es_gradient(self.spec, shaping=self.shaping, sharded=self.sharded)
     step = optax.sgd if self.optimizer == "sgd" else optax.adam
     return optax.chain(grad, step(learning_rate))
+
+  def apply(self, state: dict[str, Any], fitness, step_key, sizes: StepSizes):
+    """One update of ``state`` (params, optimizer state) from the population's fitness; returns
+    (the updated state, ‖Δθ‖/‖θ‖ of the step: ``run_guard.relative_norm`` / ``relative_change``)."""
+    params = state["params"]
+    if self.spec.precision in reference_arithmetic.MODES:
+      return self._in_place(params, fitness, step_key, sizes, state)
+    updates, opt_state = self(sizes.learning_rate).update(
+      params, state["opt_state"], params, fitness=fitness, key=step_key
+    )
+    ratio = run_guard.relative_norm(updates, params)
+    return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}, ratio
+
+  def _in_place(self, old, fitness, step_key, sizes: StepSizes, state):
+    """The in-place modes: the members' residues, then that code's update (module
+    ``es_jax.reference_arithmetic``); the optimizer state is kept as it is."""
+    n, mode = fitness.shape[0], self.spec.precision
+    params = reference_arithmetic.residue(
+      old, step_key, n, sizes.sigma, mode=mode, sharded=self.sharded
+    )
+    weights = fitness_lib.shape_fitness(
+      fitness, population_size=n, shaping=self.shaping, key=step_key
+    )
+    params = reference_arithmetic.update(
+      params, step_key, weights, sizes.learning_rate, mode=mode, sharded=self.sharded
+    )
+    return {**state, "params": params}, run_guard.relative_change(params, old)
 
 
 def make_update_rule(
@@ -127,34 +183,15 @@ def make_optimizer(
 
 def master_weights(params, master_dtype: str, compute_dtype) -> Any:
   """The weights ES updates, in `es.master_dtype`: float32 masters ("float32"), or the model's
-  own compute dtype ("": `_apply`'s update is rounded to it once; `_in_place_apply` rounds as
-  the codes of es.arithmetic's in-place modes do)."""
+  own compute dtype ("": `UpdateRule.apply` rounds the update to it once, or, in es.arithmetic's
+  in-place modes, as those codes do)."""
   return models.cast_params(params, jnp.dtype(master_dtype) if master_dtype else compute_dtype)
 
 
 @functools.partial(jax.jit, static_argnames=("rule",), donate_argnums=(0,))
-def _apply(state: dict[str, Any], fitness, step_key, learning_rate, *, rule: UpdateRule):
-  """(the updated state, ‖Δθ‖/‖θ‖ of the update: `run_guard.relative_norm`)."""
-  params, opt_state = state["params"], state["opt_state"]
-  optimizer = rule(learning_rate)
-  updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=step_key)
-  ratio = run_guard.relative_norm(updates, params)
-  return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}, ratio
-
-
-@functools.partial(jax.jit, static_argnames=("shaping", "mode", "sharded"), donate_argnums=(0,))
-def _in_place_apply(
-  state: dict[str, Any], fitness, step_key, sigma, alpha, *, shaping, mode, sharded
-):
-  """es.arithmetic in `reference_arithmetic.MODES`: the members' in-place perturb/restore
-  residues, then that code's update, rounded as it rounds (es_jax.reference_arithmetic).
-  Returns (the updated state, ‖Δθ‖/‖θ‖ of the step: `run_guard.relative_change`)."""
-  old = state["params"]
-  n = fitness.shape[0]
-  params = reference_arithmetic.residue(old, step_key, n, sigma, mode=mode, sharded=sharded)
-  weights = fitness_lib.shape_fitness(fitness, population_size=n, shaping=shaping, key=step_key)
-  params = reference_arithmetic.update(params, step_key, weights, alpha, mode=mode, sharded=sharded)
-  return {**state, "params": params}, run_guard.relative_change(params, old)
+def _apply(state: dict[str, Any], fitness, step_key, sizes: StepSizes, *, rule: UpdateRule):
+  """`rule.apply`, jitted: (the updated state, ‖Δθ‖/‖θ‖ of the update)."""
+  return rule.apply(state, fitness, step_key, sizes)
 
 
 def step_metrics(fitness: np.ndarray, stats: population.PopulationStats) -> dict[str, Any]:
@@ -183,7 +220,9 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
   layout = run_data.decode_layout(ctx.config)
   members_decoding = decoding(cfg, ctx.eos_ids, ctx.pad_id, layout)
   rule = make_update_rule(cfg, sharded=ctx.mesh.shape["model"] > 1, spec=spec)
-  learning_rate = jnp.float32(cfg.learning_rate)  # traced: a new α reuses the compiled step
+  # Traced: a new α or σ reuses the compiled step.
+  sizes = StepSizes(jnp.float32(cfg.learning_rate), jnp.float32(cfg.sigma))
+  members_settings = population_settings(cfg, spec, ctx.model_config, ctx.mesh)
   params = jax.tree.map(jnp.copy, params)  # the step donates the state; keep the caller's arrays
   params = master_weights(params, cfg.master_dtype, ctx.model_config.jnp_dtype)
   # Placed once (large matrices split over 'model' when it is > 1): the update keeps the layout.
@@ -194,7 +233,7 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     jax.tree.leaves(params)[0].dtype,
     cfg.arithmetic,
   )
-  state = {"params": params, "opt_state": rule(learning_rate).init(params)}
+  state = {"params": params, "opt_state": rule(sizes.learning_rate).init(params)}
   loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():
@@ -202,38 +241,21 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     step_key = jax.random.fold_in(ctx.keys["noise"], g)
     examples, ids, mask = run_data.step_batch(ctx, g)
     # The config's errors were raised before the loop (noise_spec, decoding, make_update_rule,
-    # run_context's mesh check); one raised here is a bug or bad data, reported as itself.
+    # the population settings, run_context's mesh check); one raised here is a bug or bad data,
+    # reported as itself.
     fitness, stats = population.evaluate_population(
       state["params"],
       ids,
       mask,
-      config=ctx.model_config,
-      step_key=step_key,
-      sigma=float(cfg.sigma),
-      spec=spec,
+      settings=members_settings,
       decoding=members_decoding,
+      step_key=step_key,
       score_fn=lambda t, m, ex=examples: ctx.score(t, m, ex),
-      mesh=ctx.mesh,
-      members_per_chunk=int(cfg.members_per_chunk),
       sample_key=jax.random.fold_in(ctx.keys["sample"], g),
-      share_sample_key=bool(cfg.share_sample_key),
     )
     loop.check_rewards(step, stats.rewards)  # none finite: stop before the update
     shaped = fitness_lib.shaping_input(cfg.shaping, fitness, stats.rewards)
-    if cfg.arithmetic in reference_arithmetic.MODES:
-      sigma, alpha = float(cfg.sigma), float(cfg.learning_rate)
-      state, ratio = _in_place_apply(
-        state,
-        shaped,
-        step_key,
-        sigma,
-        alpha,
-        shaping=cfg.shaping,
-        mode=cfg.arithmetic,
-        sharded=rule.sharded,
-      )
-    else:
-      state, ratio = _apply(state, shaped, step_key, learning_rate, rule=rule)
+    state, ratio = _apply(state, shaped, step_key, sizes, rule=rule)
     values = step_metrics(fitness, stats)
     values[run_guard.UPDATE_RATIO] = float(ratio)  # checked by end_step (max_update_ratio)
     # Non-finite rewards rank worst in the shaping (es_jax.fitness); count them.

@@ -29,21 +29,31 @@ _FIELDS = {"key": "seed", "label": "eval.task", "task": "eval.task", "greedy": "
 _FIELDS.update(eos_ids="model (its stop tokens)", pad_id="model (its pad token)")
 
 
-def task_meta(task: TaskSpec, settings: EvalSettings, eos_ids, pad_id, key, run_info) -> dict:
+def sample_decoding(settings: EvalSettings, tokenizer) -> sampling.Decoding:
+  """`settings.decoding` with the tokenizer's pad token, and its EOS unless the settings give
+  stop tokens."""
+  eos_ids = settings.decoding.eos_ids
+  if not eos_ids:
+    eos_ids = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
+  return settings.decoding.replace(eos_ids=eos_ids, pad_id=sampling.pad_id(tokenizer))
+
+
+def task_meta(task: TaskSpec, settings: EvalSettings, decoding, key, run_info) -> dict:
   """The sampling settings and problems (`eval_data.problem_counts`) of `<label>.meta.json`; a
-  resume with other values is refused (other problems included)."""
+  resume with other values is refused (other problems included). `decoding`: the settings'
+  with the tokenizer's stop and pad tokens."""
   return {
     "label": task.label,
     "task": task.task,
     **eval_data.problem_counts(task),
     "num_samples": settings.num_samples,
-    "temperature": float(settings.temperature),
-    "top_p": float(settings.top_p),
-    "max_new_tokens": settings.max_new_tokens,
+    "temperature": 0.0 if decoding.greedy else float(decoding.temperature),
+    "top_p": 1.0 if decoding.top_p is None else float(decoding.top_p),
+    "max_new_tokens": decoding.max_new_tokens,
     "batch_size": settings.batch_size,
     "greedy": bool(settings.greedy),
-    "eos_ids": list(eos_ids),
-    "pad_id": pad_id,
+    "eos_ids": list(decoding.eos_ids),
+    "pad_id": decoding.pad_id,
     "key": eval_results.key_json(key),
     "run_info": json.loads(json.dumps(run_info)) if run_info else None,
     # only when on, so that evaluations saved before the field existed still resume
@@ -56,9 +66,7 @@ def saved_differences(evaluator: Any, eval_dir: str) -> list[str]:
   (`evaluate.Evaluator.final`) that differs from the one saved in `eval_dir`; the params it
   scored (run_info) are left out."""
   settings = evaluator.settings(int(evaluator.config.num_samples))
-  eos = evaluator.tokenizer.eos_token_id
-  eos_ids = () if eos is None else (int(eos),)
-  pad_id = sampling.pad_id(evaluator.tokenizer)
+  decoding = sample_decoding(settings, evaluator.tokenizer)
   out = []
   for spec in [evaluator.main, *evaluator.extra]:
     path = eval_results.file_stem(eval_dir, spec.label) + ".meta.json"
@@ -66,7 +74,7 @@ def saved_differences(evaluator: Any, eval_dir: str) -> list[str]:
       continue
     with open(path) as f:
       saved = json.load(f)
-    now = task_meta(spec, settings, eos_ids, pad_id, evaluator.key, None)
+    now = task_meta(spec, settings, decoding, evaluator.key, None)
     now = json.loads(json.dumps(now))
     for k in sorted((set(saved) | set(now)) - {"run_info"}):
       if saved.get(k) != now.get(k):

@@ -29,7 +29,7 @@ import numpy as np
 
 from es_jax import models
 from es_jax.decode_queue import generate_queue
-from es_jax.sampling import generate, pad_prompts
+from es_jax.sampling import Decoding, generate, pad_prompts
 
 
 def _resolve(params, config):
@@ -48,7 +48,8 @@ def _answer(value) -> str | None:
 
 
 class BlockScorer:
-  """Generates and scores the batches of one block of problems (layout: the module docstring)."""
+  """Generates and scores the batches of one block of problems (layout: the module docstring).
+  Sampled rows decode with `decoding`; the greedy ones with it at temperature 0."""
 
   def __init__(
     self,
@@ -58,9 +59,8 @@ class BlockScorer:
     *,
     n,
     batch_size,
-    temperature,
+    decoding: Decoding,
     greedy,
-    generate_kwargs,
     prompt_fn,
     correct_fn,
     answer_fn,
@@ -68,21 +68,20 @@ class BlockScorer:
   ):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.refill = bool(refill)
-    self.n, self.batch_size, self.temperature = n, batch_size, temperature
-    self.greedy, self.generate_kwargs = greedy, generate_kwargs
+    self.n, self.batch_size, self.decoding = n, batch_size, decoding
+    self.greedy = greedy
     self.prompt_fn, self.correct_fn, self.answer_fn = prompt_fn, correct_fn, answer_fn
     self.calls = self.new_tokens = 0
     self._resolved = None
 
-  def _generate(self, ids, mask, key, temperature, **queue):
-    """Completions of the rows (with `queue`: `generate_queue`'s keys, rows, max_tokens)."""
+  def _generate(self, ids, mask, key, decoding, **queue):
+    """Completions of the rows (with `queue`: `generate_queue`'s rows and max_tokens; `key`
+    then holds one key per row)."""
     if self._resolved is None:  # a loader runs only once some problem is left to do
       self._resolved = _resolve(self.params, self.config)
     params, config = self._resolved
-    run = (
-      functools.partial(generate_queue, **queue) if queue else functools.partial(generate, key=key)
-    )
-    out = run(params, ids, mask, temperature=temperature, config=config, **self.generate_kwargs)
+    run = functools.partial(generate_queue, **queue) if queue else generate
+    out = run(params, ids, mask, decoding, key=key, config=config)
     tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)  # [B, T]
     self.calls, self.new_tokens = self.calls + 1, self.new_tokens + int(mask.sum())
     return tokens, mask, np.asarray(out.entropy, np.float64)
@@ -97,7 +96,7 @@ class BlockScorer:
     exs = [examples[i] for i in block]
     encode = functools.partial(self.tokenizer.encode, add_special_tokens=False)
     ids, mask = pad_prompts(
-      [encode(self.prompt_fn(ex)) for ex in exs], pad_id=self.generate_kwargs["pad_id"]
+      [encode(self.prompt_fn(ex)) for ex in exs], pad_id=self.decoding.pad_id
     )  # [P, S]
     todo = [p for p, i in enumerate(block) if i not in done]
     acc = {
@@ -106,7 +105,8 @@ class BlockScorer:
     last = len(exs) - 1
     if self.greedy:
       rows = np.minimum(np.arange(self.batch_size), last)
-      tokens, out_mask, _ = self._generate(ids[rows], mask[rows], block_key, 0.0)
+      greedy = self.decoding.replace(temperature=0.0)
+      tokens, out_mask, _ = self._generate(ids[rows], mask[rows], block_key, greedy)
       for p, text in zip(todo, self._decode(tokens, out_mask, todo), strict=True):
         acc[p]["greedy"] = (
           self.correct_fn(text, exs[p]),
@@ -136,7 +136,7 @@ class BlockScorer:
       live = [r for r in range(self.batch_size) if row_ids[r] < num_rows and problem[r] in acc]
       if live:
         key = jax.random.fold_in(block_key, j)
-        yield live, problem, self._generate(ids[problem], mask[problem], key, self.temperature)
+        yield live, problem, self._generate(ids[problem], mask[problem], key, self.decoding)
 
   def _queue(self, ids, mask, acc, block_key):
     """The block's samples as one queue (module docstring): yields (live rows, problem of
@@ -146,13 +146,7 @@ class BlockScorer:
     problem = np.minimum(row_ids // self.n, ids.shape[0] - 1)
     live = [r for r in range(W) if r < num_rows and problem[r] in acc]
     if live:
-      queue = dict(
-        keys=jax.vmap(jax.random.fold_in, in_axes=(None, 0))(block_key, row_ids),
-        rows=self.batch_size,
-        max_tokens=np.where(np.isin(row_ids, live), self.generate_kwargs["max_new_tokens"], 1),
-      )
-      yield (
-        live,
-        problem,
-        self._generate(ids[problem], mask[problem], None, self.temperature, **queue),
-      )
+      keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(block_key, row_ids)
+      budget = self.decoding.max_new_tokens
+      queue = dict(rows=self.batch_size, max_tokens=np.where(np.isin(row_ids, live), budget, 1))
+      yield live, problem, self._generate(ids[problem], mask[problem], keys, self.decoding, **queue)

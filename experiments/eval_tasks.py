@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import ml_collections
 
-from es_jax import data
+from es_jax import data, sampling
 from experiments import fields
 from experiments.config_check import check
 
@@ -49,22 +49,21 @@ class TaskSpec(NamedTuple):
 class EvalSettings:
   """How a task is evaluated: what is sampled, what is kept and what is shown.
 
-  Validated on construction (a ConfigError naming the field, ``EvalSettings.num_samples=0``).
-  The sampling fields (num_samples to eos_ids) are stored in ``<label>.meta.json``: resuming
-  with other values is refused.
+  Validated on construction (a ConfigError naming the field, ``EvalSettings.num_samples=0``;
+  ``decoding`` validated itself). The sampling fields (num_samples, the decoding's budget,
+  temperature, top-p and stop tokens, batch_size, greedy, refill) are stored in
+  ``<label>.meta.json``: resuming with other values is refused.
 
   Attributes:
-    num_samples: n, samples per problem at `temperature` (paper: 32).
-    max_new_tokens: decode budget per sample.
+    num_samples: n, samples per problem at the decoding's temperature (paper: 32).
+    decoding: how each sample is decoded (`sampling.Decoding`): its budget, temperature (paper:
+      0.6), top-p (paper: off), stop tokens (none given: the tokenizer's EOS; the pad token is
+      always the tokenizer's) and layout (kv_chunk, compactions; config.decode: speed only, not
+      stored in the meta).
     batch_size: rows per generate call (fixed; see the module docstring for the layout).
     refill: decode each block's samples as one queue through `batch_size` rows
       (`experiments.eval_sampler`); its samples draw with their own keys.
-    kv_chunk, compactions: the decode layout (`sampling.Decoding`; config.decode): speed only,
-      not stored in the meta.
-    temperature: sampling temperature (paper: 0.6).
-    top_p: nucleus mass (paper: 1.0, i.e. off).
     greedy: also decode one greedy sample per problem.
-    eos_ids: tokens ending a sample (None: the tokenizer's EOS).
     ks: the k of Pass@k and Maj@k in the table; those above n are dropped, 1 is always kept.
     resume: reuse the finished problems in out_dir's jsonl; False starts over.
     report: write table.md, table.json and pass_at_k.png for this task alone into out_dir.
@@ -76,15 +75,10 @@ class EvalSettings:
   """
 
   num_samples: int
-  max_new_tokens: int
+  decoding: sampling.Decoding
   batch_size: int
   refill: bool = False
-  kv_chunk: int | None = None
-  compactions: int = 0
-  temperature: float = 0.6
-  top_p: float = 1.0
   greedy: bool = True
-  eos_ids: tuple[int, ...] | None = None
   ks: tuple[int, ...] = (1, 16, 32)
   resume: bool = True
   report: bool = True
@@ -95,14 +89,12 @@ class EvalSettings:
 
   def __post_init__(self):
     need = functools.partial(check, prefix="EvalSettings.")
-    for name in ("num_samples", "max_new_tokens", "batch_size"):
+    for name in ("num_samples", "batch_size"):
       value = getattr(self, name)
       need(int(value) >= 1, name, value, "must be >= 1")
       object.__setattr__(self, name, int(value))
-    need(self.temperature >= 0, "temperature", self.temperature, "must be >= 0")
-    need(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-    if self.eos_ids is not None:
-      object.__setattr__(self, "eos_ids", tuple(int(e) for e in self.eos_ids))
+    kind = type(self.decoding).__name__
+    need(isinstance(self.decoding, sampling.Decoding), "decoding", kind, "give a sampling.Decoding")
     object.__setattr__(self, "ks", tuple(self.ks))
 
 

@@ -58,7 +58,7 @@ from experiments import (
 )
 from experiments.config_check import check
 from experiments.eval_resume import prepare as prepare_resume
-from experiments.eval_resume import task_meta
+from experiments.eval_resume import sample_decoding, task_meta
 from experiments.eval_tasks import EvalSettings, TaskSpec
 from experiments.eval_tasks import eval_section as eval_section  # re-exported (tests)
 from experiments.logger import write_run_files
@@ -113,11 +113,8 @@ def evaluate_model(
   """
   examples, label, batch_size = task.examples, task.label, settings.batch_size
   _check(len(examples) > 0, "examples", len(examples), "need at least one problem")
-  eos_ids = settings.eos_ids
-  if eos_ids is None:
-    eos_ids = () if tokenizer.eos_token_id is None else (int(tokenizer.eos_token_id),)
-  pad_id = sampling.pad_id(tokenizer)
-  meta = task_meta(task, settings, eos_ids, pad_id, key, run_info)
+  decoding = sample_decoding(settings, tokenizer)
+  meta = task_meta(task, settings, decoding, key, run_info)
   prompt_fn = task.prompt_fn or functools.partial(data.format_prompt, tokenizer=tokenizer)
   records, stem = _open_records(out_dir, label, meta, settings.resume, examples)
   writer = sharding.is_primary()  # several hosts: each computes every record, process 0 writes
@@ -129,7 +126,7 @@ def evaluate_model(
     resume=settings.resume,
     save_text=settings.save_text,
   )
-  scorer = _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, prompt_fn)
+  scorer = _block_scorer(params, config, tokenizer, task, settings, decoding, prompt_fn)
   progress = EvalProgress(label, len(examples), len(records), settings)
   task_key = jax.random.fold_in(key, zlib.crc32(label.encode()) & 0x7FFFFFFF)
   for start in range(0, len(examples), batch_size):
@@ -184,25 +181,18 @@ def _open_records(
   return records, stem
 
 
-def _block_scorer(params, config, tokenizer, task, settings, eos_ids, pad_id, prompt_fn):
-  """The `eval_sampler.BlockScorer` of `task` under `settings` (default scoring: the task's)."""
+def _block_scorer(params, config, tokenizer, task, settings, decoding, prompt_fn):
+  """The `eval_sampler.BlockScorer` of `task` under `settings`, sampling with `decoding` (its
+  stop and pad tokens the tokenizer's); default scoring: the task's."""
   return eval_sampler.BlockScorer(
     params,
     config,
     tokenizer,
     n=settings.num_samples,
     batch_size=settings.batch_size,
-    temperature=float(settings.temperature),
+    decoding=decoding,
     greedy=settings.greedy,
     refill=settings.refill,
-    generate_kwargs=dict(
-      max_new_tokens=settings.max_new_tokens,
-      top_p=settings.top_p,
-      eos_ids=eos_ids,
-      pad_id=pad_id,
-      kv_chunk=settings.kv_chunk,
-      compactions=settings.compactions,
-    ),
     prompt_fn=prompt_fn,
     correct_fn=task.correct_fn or functools.partial(rewards.is_correct, task=task.task),
     answer_fn=task.answer_fn or functools.partial(rewards.answer_key, task=task.task),
@@ -314,14 +304,14 @@ class Evaluator:
 
   def settings(self, num_samples: int) -> EvalSettings:
     ev = self.config
+    decoding = sampling.Decoding(
+      int(ev.max_new_tokens), float(ev.temperature), float(ev.top_p), **self.layout
+    )
     return EvalSettings(
       num_samples=num_samples,
-      max_new_tokens=int(ev.max_new_tokens),
+      decoding=decoding,
       batch_size=int(ev.batch_size),
       refill=bool(ev.refill),
-      **self.layout,
-      temperature=float(ev.temperature),
-      top_p=float(ev.top_p),
       ks=tuple(k for k in ev.ks if k <= num_samples) or (1,),
       progress=False,
     )

@@ -228,54 +228,44 @@ class Setup:
     # dense layout: config.decode is not planned (every step of these programs reads the whole
     # cache, an upper bound on the chunked reads).
     decoding = jax.tree.map(lambda _: scalar, es_run.decoding(c, (cfg.vocab_size - 1,), 0))
-    kw = dict(config=cfg, spec=spec, members_per_chunk=m, mesh=mesh, share_sample_key=False)
+    settings = es_run.population_settings(c, spec, cfg, mesh)
+    settings = jax.tree.map(lambda _: scalar, settings)  # σ abstract, as the runner traces it
     args = (abstract_params(cfg, mesh), *self._prompts(mesh, P_, self.prompt_len))
-    args += (_key(mesh), _key(mesh), scalar, decoding)
-    lowered = population.population_completions.lower(*args, **kw)
+    args += (_key(mesh), _key(mesh), decoding, settings)
+    lowered = population.population_completions.lower(*args)
     return lowered, lambda: self._members_step(m, P_, T, spec), (T * n) // (self.pop * m)
 
   def _members_step(self, m, num_prompts, T, spec):
-    """One chunk's decode on one 'pop' slot (the model axis kept), 1-token prompts."""
+    """One chunk's decode on one 'pop' slot (the model axis kept), 1-token prompts: the chunk's
+    members as the population batches them (`population.batch_members`)."""
     cfg = self.model_config
     mesh = make_mesh(self.devices, 1, self.mesh.shape["model"])
+    own = members.member_owned_leaves(abstract_params(cfg, mesh), spec)
     if spec.rank is None:
-      params, axes, deltas, daxes = abstract_params(cfg, mesh, (m,)), None, None, None
-      axes = jax.tree.map(lambda _: 0, params)
+      owned = members.Member(abstract_params(cfg, mesh, (m,)))
     else:
       base = abstract_params(cfg, mesh)
       p_i, d_i, _ = jax.eval_shape(
         lambda p: members.member(p, jax.random.key(0), 0, 1.0, spec), base
       )
-      own = members.member_owned_leaves(base, spec)
-      leaves = [
-        _sds((m, *x.shape), x.dtype, mesh) if o else b
-        for x, b, o in zip(jax.tree.leaves(p_i), jax.tree.leaves(base), own, strict=True)
-      ]
-      params = jax.tree.unflatten(jax.tree.structure(base), leaves)
-      axes = jax.tree.unflatten(jax.tree.structure(base), [0 if o else None for o in own])
-      deltas = jax.tree.map(lambda x: _sds((m, *x.shape), x.dtype, mesh), d_i)
-      daxes = jax.tree.map(lambda _: 0, deltas)
+      stacked = lambda x: _sds((m, *x.shape), x.dtype, mesh)  # noqa: E731
+      leaves = [stacked(x) for x, o in zip(jax.tree.leaves(p_i), own, strict=True) if o]
+      owned = members.Member(leaves, jax.tree.map(stacked, d_i), _sds((m,), jnp.float32, mesh))
+    decoding = sampling.Decoding(
+      self.prompt_len + T - 1,
+      1.0,  # sampled: the temperature is an argument (traced), as in the runner
+      eos_ids=(cfg.vocab_size - 1,),
+      unroll_layers=sampling.default_unroll_layers(mesh),
+    )
 
-    def step(params, deltas, ids, mask, keys, temperature):
-      return sampling.generate_members(
-        params,
-        ids,
-        mask,
-        keys=keys,
-        params_axes=axes,
-        deltas=deltas,
-        deltas_axes=daxes,
-        delta_scale=None if spec.rank is None else jnp.float32(0.001),
-        max_new_tokens=self.prompt_len + T - 1,
-        config=cfg,
-        temperature=temperature,
-        eos_ids=(cfg.vocab_size - 1,),
-        unroll_layers=sampling.default_unroll_layers(mesh),
-      )
+    def step(base, owned, ids, mask, keys, decoding):
+      weights, axes = population.batch_members(base, owned, own, 0)
+      return sampling.generate_members(weights, axes, ids, mask, decoding, keys=keys, config=cfg)
 
     ids, mask = self._prompts(mesh, num_prompts, 1)
-    scalar = _sds((), jnp.float32, mesh)
-    return jax.jit(step).lower(params, deltas, ids, mask, _key(mesh, (m,)), scalar)
+    decoding = jax.tree.map(lambda _: _sds((), jnp.float32, mesh), decoding)
+    base = None if spec.rank is None else abstract_params(cfg, mesh)  # low rank's shared leaves
+    return jax.jit(step).lower(base, owned, ids, mask, _key(mesh, (m,)), decoding)
 
   def _es_update(self):
     from experiments import es_runner as es_run  # the runners' dependencies: only when used
@@ -290,27 +280,25 @@ class Setup:
     n = int(c.population_size)
     per_prompt = fitness_lib.is_per_prompt(c.shaping)
     shape = (n, int(self.config.data.prompts_per_step)) if per_prompt else (n,)
-    fitness, lr = _sds(shape, jnp.float32, mesh), _sds((), jnp.float32, mesh)
-    lowered = es_run._apply.lower(state, fitness, _key(mesh), lr, rule=rule)
+    scalar = _sds((), jnp.float32, mesh)
+    fitness, sizes = _sds(shape, jnp.float32, mesh), es_run.StepSizes(scalar, scalar)
+    lowered = es_run._apply.lower(state, fitness, _key(mesh), sizes, rule=rule)
     return lowered, None, n
 
   def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p, dtype=None):
     cfg = self.model_config
     temperature = float(temperature)
 
+    decoding = sampling.Decoding(
+      T,
+      temperature,
+      None if top_p >= 1.0 else float(top_p),
+      eos_ids=(cfg.vocab_size - 1,),
+      unroll_layers=sampling.default_unroll_layers(mesh),
+    )
+
     def run(params, ids, mask, key):
-      return sampling.generate(
-        params,
-        ids,
-        mask,
-        key=key,
-        max_new_tokens=T,
-        temperature=temperature,
-        top_p=None if top_p >= 1.0 else float(top_p),
-        eos_ids=(cfg.vocab_size - 1,),
-        config=cfg,
-        unroll_layers=sampling.default_unroll_layers(mesh),
-      )
+      return sampling.generate(params, ids, mask, decoding, key=key, config=cfg)
 
     ids, mask = self._prompts(mesh, rows, length, spec)
     return jax.jit(run).lower(abstract_params(cfg, mesh, dtype=dtype), ids, mask, _key(mesh))

@@ -9,7 +9,7 @@ from tiny_models import torch_logits
 
 from es_jax.models import load_default
 from es_jax.models.gguf_loader import default_gguf_path
-from es_jax.sampling import generate, pad_prompts
+from es_jax.sampling import Decoding, generate, pad_prompts
 
 pytestmark = pytest.mark.slow  # loading and compiling the 30-layer model takes tens of seconds
 
@@ -55,10 +55,8 @@ def test_bundled_smollm2_answers_a_factual_question(bundled):
     model,
     ids,
     mask,
+    Decoding(12, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id),
     key=jax.random.key(0),
-    max_new_tokens=12,
-    eos_ids=[tok.eos_token_id],
-    pad_id=tok.pad_token_id,
   )
   answer = tok.decode(np.asarray(out.tokens[0])[np.asarray(out.mask[0])], skip_special_tokens=True)
   assert answer.strip() == "The capital of France is Paris."

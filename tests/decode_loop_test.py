@@ -13,7 +13,8 @@ from tiny_models import es_jax_port, torch_model
 
 from es_jax import decode_loop
 from es_jax.decode_loop import decode
-from es_jax.sampling import generate, generate_members, pad_prompts
+from es_jax.member_axes import Member
+from es_jax.sampling import Decoding, generate, generate_members, pad_prompts, resolved
 
 
 @functools.cache
@@ -33,19 +34,8 @@ STATIC = dict(kv_chunk=None, compactions=0)  # every step reads the whole cache 
 def _run(tiny, prompts=PROMPTS, *, temperature, eos_ids=(), **loop):
   p, cfg = tiny
   ids, mask = pad_prompts(prompts, pad_id=0, bucket=8)
-  return generate(
-    p,
-    ids,
-    mask,
-    config=cfg,
-    key=jax.random.key(3),
-    max_new_tokens=16,
-    temperature=temperature,
-    top_p=0.95 if temperature else None,
-    eos_ids=eos_ids,
-    pad_id=1,
-    **loop,
-  )
+  decoding = Decoding(16, temperature, 0.95 if temperature else None, eos_ids, 1, **loop)
+  return generate(p, ids, mask, decoding, config=cfg, key=jax.random.key(3))
 
 
 @functools.cache
@@ -102,20 +92,24 @@ def test_members_compact_per_member(tiny):
   M = 2
   stacked = jax.tree.map(lambda x: jnp.stack([x, 1.05 * x]), p)
   keys = jax.random.split(jax.random.key(4), M)
-  kw = dict(config=cfg, max_new_tokens=16, temperature=1.0, eos_ids=eos, pad_id=1)
+  kw = dict(max_new_tokens=16, temperature=1.0, eos_ids=eos, pad_id=1)
   together = generate_members(
-    stacked,
+    Member(stacked),
+    Member(jax.tree.map(lambda _: 0, p)),
     ids,
     mask,
+    Decoding(**kw, kv_chunk=4, compactions=3),
     keys=keys,
-    params_axes=jax.tree.map(lambda _: 0, p),
-    kv_chunk=4,
-    compactions=3,
-    **kw,
+    config=cfg,
   )
   for m in range(M):
     alone = generate(
-      jax.tree.map(lambda x, m=m: x[m], stacked), ids, mask, key=keys[m], **STATIC, **kw
+      jax.tree.map(lambda x, m=m: x[m], stacked),
+      ids,
+      mask,
+      Decoding(**kw, **STATIC),
+      key=keys[m],
+      config=cfg,
     )
     np.testing.assert_array_equal(np.asarray(together.tokens[m]), np.asarray(alone.tokens))
     np.testing.assert_array_equal(np.asarray(together.lengths[m]), np.asarray(alone.lengths))
@@ -158,18 +152,17 @@ def test_sharded_rows_compact_on_their_devices(tiny):
   ids, mask = np.concatenate([ids, ids[:2]]), np.concatenate([mask, mask[:2]])
   mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
   rows = NamedSharding(mesh, PartitionSpec("pop"))
-  kw = dict(config=cfg, key=jax.random.key(6), max_new_tokens=12, temperature=1.0, pad_id=1)
-  free = generate(p, ids, mask, **kw, **STATIC)
-  kw["eos_ids"] = tuple(int(t) for t in np.asarray(free.tokens)[::2, 1])  # half the rows end
-  single = generate(p, ids, mask, **kw, **STATIC)
+  kw = dict(config=cfg, key=jax.random.key(6))
+  free = generate(p, ids, mask, Decoding(12, 1.0, pad_id=1, **STATIC), **kw)
+  eos_ids = tuple(int(t) for t in np.asarray(free.tokens)[::2, 1])  # half the rows end
+  single = generate(p, ids, mask, Decoding(12, 1.0, None, eos_ids, 1, **STATIC), **kw)
   assert np.asarray(single.lengths).min() <= 2
   sharded_ids, sharded_mask = jax.device_put(ids, rows), jax.device_put(mask, rows)
-  sharded = generate(p, sharded_ids, sharded_mask, **kw, kv_chunk=4, compactions=1)
+  laid_out = Decoding(12, 1.0, None, eos_ids, 1, kv_chunk=4, compactions=1)
+  sharded = generate(p, sharded_ids, sharded_mask, laid_out, **kw)
   np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
-  opts = dict(
-    config=cfg, temperature=1.0, top_p=1.0, max_new_tokens=12, eos_ids=kw["eos_ids"], pad_id=1,
-    use_top_p=False, greedy=False, unroll_layers=True, kv_chunk=4, compactions=1, row_groups=8,
-  )  # fmt: skip
-  hlo = decode.lower(p, None, None, sharded_ids, sharded_mask, kw["key"], **opts).compile()
+  laid_out = resolved(laid_out.replace(unroll_layers=True), "test")
+  args = (Member(p), sharded_ids, sharded_mask, kw["key"], laid_out)
+  hlo = decode.lower(*args, config=cfg, row_groups=8).compile()
   moved = re.findall(r"\[\d+,\d+,\d+,\d+[^\]]*\][^\n]*? (?:all-reduce|all-gather)", hlo.as_text())
   assert not moved, moved[:3]

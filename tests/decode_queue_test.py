@@ -10,7 +10,7 @@ from tiny_models import es_jax_port, torch_model
 
 from es_jax import decode_loop, sampling
 from es_jax.decode_queue import decode_queue, generate_queue
-from es_jax.sampling import generate, pad_prompts
+from es_jax.sampling import Decoding, generate, pad_prompts
 
 PROMPTS = [[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7], [9, 9], [200, 3, 3], [64], [3, 1]]
 PROMPTS += [[8, 8, 8], [100, 2], [77, 12, 13]]  # W = 10 work items
@@ -32,14 +32,9 @@ def _keys(n=W, seed=5):
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), np.arange(n))
 
 
-def _kw(temperature, eos_ids=()):
-  return dict(
-    max_new_tokens=T,
-    temperature=temperature,
-    top_p=0.95 if temperature else None,
-    eos_ids=eos_ids,
-    pad_id=1,
-  )
+def _kw(temperature, eos_ids=(), **layout):
+  """The decode settings (`Decoding`) of these tests, laid out by `layout`."""
+  return Decoding(T, temperature, 0.95 if temperature else None, eos_ids, pad_id=1, **layout)
 
 
 @functools.cache
@@ -47,7 +42,7 @@ def _eos():
   """Stop tokens (from a free sampled run) that end items at several lengths, some never."""
   p, cfg = _tiny()
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
-  free = np.asarray(generate(p, ids, mask, config=cfg, key=_keys(), **_kw(1.0)).tokens)
+  free = np.asarray(generate(p, ids, mask, _kw(1.0), config=cfg, key=_keys()).tokens)
   picks = [(0, 1), (1, 3), (2, 5), (3, 4), (4, 2), (5, 7), (6, 1), (8, 2)]  # (item, token)
   return tuple(sorted({int(free[i, j]) for i, j in picks}))
 
@@ -58,14 +53,17 @@ def _alone(tiny, prompts, keys, temperature, eos_ids=()):
   outs = []
   for prompt, key in zip(prompts, keys, strict=True):
     ids, mask = pad_prompts([prompt], pad_id=0, bucket=8)
-    outs.append(generate(p, ids, mask, config=cfg, key=key, **_kw(temperature, eos_ids)))
+    outs.append(generate(p, ids, mask, _kw(temperature, eos_ids), config=cfg, key=key))
   return jax.tree.map(lambda *x: np.concatenate([np.asarray(y) for y in x]), *outs)
 
 
-def _queue(tiny, prompts, keys, temperature, eos_ids=(), **layout):
+def _queue(tiny, prompts, keys, temperature, eos_ids=(), *, rows, max_tokens=None, **layout):
   p, cfg = tiny
   ids, mask = pad_prompts(prompts, pad_id=0, bucket=8)
-  return generate_queue(p, ids, mask, config=cfg, keys=keys, **_kw(temperature, eos_ids), **layout)
+  decoding = _kw(temperature, eos_ids, **layout)
+  return generate_queue(
+    p, ids, mask, decoding, config=cfg, key=keys, rows=rows, max_tokens=max_tokens
+  )
 
 
 def _assert_same(out, ref, rows=slice(None)):
@@ -115,8 +113,8 @@ def test_one_key_gives_item_i_fold_in_key_i_and_generate_takes_row_keys(tiny):
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
   key, eos = jax.random.key(5), _eos()
-  one = generate_queue(p, ids, mask, config=cfg, key=key, rows=3, **_kw(1.0, eos))
-  static = generate(p, ids, mask, config=cfg, key=_keys(), **_kw(1.0, eos))  # a key per row
+  one = generate_queue(p, ids, mask, _kw(1.0, eos), config=cfg, key=key, rows=3)
+  static = generate(p, ids, mask, _kw(1.0, eos), config=cfg, key=_keys())  # a key per row
   _assert_same(one, jax.tree.map(np.asarray, static))
   _assert_same(one, _alone(tiny, PROMPTS[:3], _keys()[:3], 1.0, eos), rows=slice(0, 3))
 
@@ -157,13 +155,8 @@ def test_rows_refill_as_items_end(tiny, monkeypatch, rows, refill, compactions):
   longest item ends; compaction leaves the steps and tokens as they were."""
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
-  opts = {
-    **sampling._decode_options(**_kw(1.0, _eos()), unroll_layers=True),
-    "kv_chunk": None,
-    "rows": rows,
-    "refill_rows": refill,
-    "compactions": compactions,
-  }
+  decoding = _kw(1.0, _eos(), unroll_layers=True, refill_rows=refill, compactions=compactions)
+  decoding = sampling.resolved(decoding, "test")
   rows_per_step = []
   real_forward = decode_loop.forward
 
@@ -178,7 +171,7 @@ def test_rows_refill_as_items_end(tiny, monkeypatch, rows, refill, compactions):
   budgets = np.full(W, T, np.int32)
   try:
     out, steps, prefills = decode_queue(
-      p, None, None, ids, mask, _keys(), budgets, config=cfg, **opts
+      p, ids, mask, _keys(), budgets, decoding, config=cfg, rows=rows
     )
     jax.effects_barrier()
   finally:
@@ -201,15 +194,14 @@ def test_items_all_ending_at_once_and_never_ending(tiny):
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
   never = _queue(tiny, PROMPTS, _keys(), 1.0, rows=4, refill_rows=2)
   _assert_same(
-    never, jax.tree.map(np.asarray, generate(p, ids, mask, config=cfg, key=_keys(), **_kw(1.0)))
+    never, jax.tree.map(np.asarray, generate(p, ids, mask, _kw(1.0), config=cfg, key=_keys()))
   )
   assert (np.asarray(never.lengths) == T).all()
-  opts = {**sampling._decode_options(T, 0.0, None, tuple(range(cfg.vocab_size)), 1, True)}
+  every = Decoding(T, 0.0, None, tuple(range(cfg.vocab_size)), 1, unroll_layers=True, refill_rows=3)
   budgets = np.full(len(PROMPTS), T, np.int32)
   out, steps, prefills = decode_queue(
-    p, None, None, ids, mask, _keys(), budgets, config=cfg, kv_chunk=None, rows=4, refill_rows=3,
-    **opts,
-  )  # fmt: skip
+    p, ids, mask, _keys(), budgets, sampling.resolved(every, "test"), config=cfg, rows=4
+  )
   assert (np.asarray(out.lengths) == 1).all() and int(steps) == 0 and int(prefills) == 4
 
 
@@ -230,19 +222,18 @@ def test_per_item_budgets_cut_items_short(tiny):
 def test_bad_arguments_are_named(tiny):
   p, cfg = tiny
   ids, mask = pad_prompts(PROMPTS, pad_id=0, bucket=8)
-  run = functools.partial(generate_queue, p, ids, mask, config=cfg, max_new_tokens=4)
-  with pytest.raises(ValueError, match="exactly one of `key`"):
-    run(rows=2)
-  with pytest.raises(ValueError, match="keys must be"):
-    run(rows=2, keys=_keys(3))
+  run = functools.partial(generate_queue, p, ids, mask, config=cfg)
+  with pytest.raises(ValueError, match=r"generate_queue: key must be .* of shape \(\) or \(10,\)"):
+    run(Decoding(4), rows=2, key=_keys(3))
   with pytest.raises(ValueError, match="refill_rows=3 must be at most rows=2"):
-    run(rows=2, refill_rows=3, key=jax.random.key(0))
+    run(Decoding(4, refill_rows=3), rows=2, key=jax.random.key(0))
   with pytest.raises(ValueError, match="max_tokens must be"):
-    run(rows=2, key=jax.random.key(0), max_tokens=np.ones(3, np.int32))
+    run(Decoding(4), rows=2, key=jax.random.key(0), max_tokens=np.ones(3, np.int32))
   with pytest.raises(ValueError, match="generate: key must be"):
-    generate(p, ids, mask, config=cfg, max_new_tokens=4, key=_keys(3))
+    generate(p, ids, mask, Decoding(4), config=cfg, key=_keys(3))
   # A raw uint32 key (shape (2,)) is still one key for the whole batch, not one per row.
-  kw = dict(config=cfg, max_new_tokens=4, temperature=1.0)
-  raw = generate(p, ids[:2], mask[:2], key=jax.random.PRNGKey(3), **kw)
-  typed = generate(p, ids[:2], mask[:2], key=jax.random.wrap_key_data(jax.random.PRNGKey(3)), **kw)
+  kw = dict(config=cfg)
+  raw = generate(p, ids[:2], mask[:2], Decoding(4, 1.0), key=jax.random.PRNGKey(3), **kw)
+  typed = jax.random.wrap_key_data(jax.random.PRNGKey(3))
+  typed = generate(p, ids[:2], mask[:2], Decoding(4, 1.0), key=typed, **kw)
   np.testing.assert_array_equal(np.asarray(raw.tokens), np.asarray(typed.tokens))

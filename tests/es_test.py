@@ -320,7 +320,8 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   for mode, (master_dtype, _) in config_check.ES_PRECISION_SPLIT.items():
     master = es_runner.master_weights(jax.tree.map(jnp.copy, base), master_dtype, jnp.bfloat16)
     state = {"params": master, "opt_state": opt.init(master)}
-    got[mode] = es_runner._apply(state, r, key, cfg.learning_rate, rule=rule)[0]["params"]
+    sizes = es_runner.StepSizes(cfg.learning_rate)
+    got[mode] = es_runner._apply(state, r, key, sizes, rule=rule)[0]["params"]
   for name in base:
     np.testing.assert_allclose(got["fp32"][name], exact[name], rtol=0, atol=1e-7)
     assert got["fp32"][name].dtype == jnp.float32
@@ -335,15 +336,17 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   assert np.mean(np.asarray(got["bf16"]["w"]) == w16) > 0.01
   # α is traced: another learning rate is the same compiled program, and scales the step.
   fp32 = jax.tree.map(jnp.copy, {"w": base["w"].astype(jnp.float32)})
+  state = {"params": fp32, "opt_state": opt.init(fp32)}
   lowered = [
-    es_runner._apply.lower({"params": fp32, "opt_state": opt.init(fp32)}, r, key, lr, rule=rule)
+    es_runner._apply.lower(state, r, key, es_runner.StepSizes(lr), rule=rule)
     for lr in (2.5e-3, 7.5e-3)
   ]
   assert lowered[0].as_text() == lowered[1].as_text()
 
   def step(lr):
     state = {"params": jax.tree.map(jnp.copy, fp32), "opt_state": opt.init(fp32)}
-    return es_runner._apply(state, r, key, lr, rule=rule)[0]["params"]["w"] - fp32["w"]
+    sizes = es_runner.StepSizes(lr)
+    return es_runner._apply(state, r, key, sizes, rule=rule)[0]["params"]["w"] - fp32["w"]
 
   steps = [step(2.5e-3), step(7.5e-3)]
   np.testing.assert_allclose(steps[1], 3 * steps[0], rtol=1e-4, atol=1e-9)

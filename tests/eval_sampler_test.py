@@ -8,7 +8,7 @@ from flax import nnx
 from tiny_models import tiny_tokenizer
 
 from es_jax import models
-from es_jax.sampling import generate, pad_prompts
+from es_jax.sampling import Decoding, generate, pad_prompts
 from experiments import eval_sampler
 
 N, NEW_TOKENS = 3, 8
@@ -29,11 +29,8 @@ def _scorer(tiny, batch_size, refill):
     tok,
     n=N,
     batch_size=batch_size,
-    temperature=1.0,
+    decoding=Decoding(NEW_TOKENS, 1.0, eos_ids=(tok.eos_token_id,), pad_id=0),
     greedy=False,
-    generate_kwargs=dict(
-      max_new_tokens=NEW_TOKENS, top_p=None, eos_ids=(tok.eos_token_id,), pad_id=0
-    ),
     prompt_fn=lambda ex: ex["prompt"],
     correct_fn=lambda text, ex: len(text) % 2 == 0,
     answer_fn=lambda text: text[:1] or None,
@@ -55,8 +52,8 @@ def test_queue_samples_follow_their_keys_whatever_the_batch_size(tiny):
   prompts = [tok.encode(EXAMPLES[i]["prompt"], add_special_tokens=False) for i in block]
   ids, mask = pad_prompts([prompts[r // N] for r in range(4 * N)], pad_id=0)
   keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(3), np.arange(4 * N))
-  kw = dict(config=cfg, max_new_tokens=NEW_TOKENS, temperature=1.0, eos_ids=(tok.eos_token_id,))
-  ref = generate(p, ids, mask, key=keys, **kw)  # one key per row
+  decoding = Decoding(NEW_TOKENS, 1.0, eos_ids=(tok.eos_token_id,))
+  ref = generate(p, ids, mask, decoding, config=cfg, key=keys)  # one key per row
   texts = tok.batch_decode(
     [np.asarray(ref.tokens)[r][np.asarray(ref.mask)[r]] for r in range(4 * N)],
     skip_special_tokens=True,
@@ -83,8 +80,8 @@ def test_static_layout_is_unchanged_by_the_refill_switch(tiny):
   rows = [min(r // N, 1) for r in range(4)]  # batch 0: problem 0's 3 samples, problem 1's first
   ids, mask = pad_prompts([prompts[r] for r in rows], pad_id=0)
   key = jax.random.fold_in(jax.random.key(3), 0)
-  kw = dict(config=cfg, max_new_tokens=NEW_TOKENS, temperature=1.0, eos_ids=(tok.eos_token_id,))
-  ref = generate(p, ids, mask, key=key, **kw)
+  decoding = Decoding(NEW_TOKENS, 1.0, eos_ids=(tok.eos_token_id,))
+  ref = generate(p, ids, mask, decoding, config=cfg, key=key)
   first = tok.batch_decode(
     [np.asarray(ref.tokens)[r][np.asarray(ref.mask)[r]] for r in range(N)],
     skip_special_tokens=True,

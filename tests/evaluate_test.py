@@ -12,7 +12,7 @@ from tiny_models import tiny_tokenizer
 
 from es_jax import checkpoint, data, models
 from es_jax.metrics import maj_at_k, pass_at_k
-from es_jax.sampling import encode_prompts, generate
+from es_jax.sampling import Decoding, encode_prompts, generate
 from experiments import eval_results, evaluate, model_io, run_data
 from experiments.config_errors import ConfigError
 from experiments.configs import demo as demo_config
@@ -49,6 +49,8 @@ def run_toy(model, tok, examples, out_dir=None, on_problem=None, **kwargs):
   """evaluate_model on the toy task; keyword arguments replace `EvalSettings` fields."""
   options = dict(SETTINGS, ks=(1, 2, 4, 64), progress=False, save_text=True, keep_samples=KEEP)
   options.update(kwargs)
+  decode = ("max_new_tokens", "temperature", "top_p", "kv_chunk", "compactions")
+  options["decoding"] = Decoding(**{k: options.pop(k) for k in decode if k in options})
   task = TaskSpec("toy", "toy", examples, correct_fn=toy_correct, answer_fn=toy_answer)
   return evaluate.evaluate_model(
     model,
@@ -171,10 +173,8 @@ def test_greedy_sample_equals_direct_generate(tiny):
     model,
     ids,
     mask,
+    Decoding(NEW_TOKENS, eos_ids=[tok.eos_token_id], pad_id=tok.pad_token_id),
     key=jax.random.key(123),
-    max_new_tokens=NEW_TOKENS,
-    eos_ids=[tok.eos_token_id],
-    pad_id=tok.pad_token_id,
   )
   tokens, out_mask = np.asarray(out.tokens), np.asarray(out.mask)
   for i, record in enumerate(results["records"]):
@@ -291,7 +291,7 @@ def test_decode_layout_changes_no_record_and_resumes_across_layouts(tiny, full_r
   fields = {f"decode__{k}": v for k, v in layout.items()}
   evaluator = evaluate.Evaluator(smoke_config(demo_config, **fields), tok, run_data.run_keys(0))
   settings = evaluator.settings(2)
-  assert (settings.kv_chunk, settings.compactions) == (4, 2)
+  assert (settings.decoding.kv_chunk, settings.decoding.compactions) == (4, 2)
 
 
 def test_lazy_loader_is_not_called_when_everything_is_done(full_run):

@@ -50,13 +50,10 @@ def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
     p,
     ids,
     np.ones_like(ids, bool),
-    config=CONFIG,
-    step_key=step_key,
-    sigma=SIGMA,
-    spec=spec,
+    settings=population.PopulationSettings(spec, SIGMA, CONFIG, mesh=mesh),
     decoding=sampling.Decoding(3),
+    step_key=step_key,
     score_fn=score,
-    mesh=mesh,
   )
   opt = optax.chain(es.es_gradient(spec), optax.sgd(ALPHA))
   apply = jax.jit(

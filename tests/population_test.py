@@ -39,22 +39,24 @@ def score_low_half(tokens, mask):
 
 SPEC_FIELDS = ("population_size", "antithetic", "rank", "low_rank_vectors", "precision")
 DECODE_FIELDS = ("temperature", "top_p", "eos_ids", "pad_id")
+SETTINGS_FIELDS = ("sigma", "members_per_chunk", "mesh", "share_sample_key")
 
 
 def _evaluate(params, step_key, **overrides):
   """population.evaluate_population with this file's defaults; the noise settings among
-  ``overrides`` make the run's ``NoiseSpec``, the decode settings its ``Decoding``."""
+  ``overrides`` make the run's ``NoiseSpec``, the population settings its
+  ``PopulationSettings``, the decode settings its ``Decoding``."""
   ids, mask = _prompts()
   spec = {k: overrides.pop(k) for k in SPEC_FIELDS if k in overrides}
   decode = {k: overrides.pop(k) for k in DECODE_FIELDS if k in overrides}
+  settings = dict(sigma=SIGMA, mesh=sharding.make_mesh())
+  settings.update({k: overrides.pop(k) for k in SETTINGS_FIELDS if k in overrides})
+  spec = noise.NoiseSpec(**{"population_size": N, **spec})
   kw = dict(
-    config=CONFIG,
+    settings=population.PopulationSettings(spec, config=CONFIG, **settings),
     step_key=step_key,
-    sigma=SIGMA,
-    spec=noise.NoiseSpec(**{"population_size": N, **spec}),
     decoding=sampling.Decoding(T, **decode),
     score_fn=score_low_half,
-    mesh=sharding.make_mesh(),
   )
   kw.update(overrides)
   return population.evaluate_population(params, ids, mask, **kw)
@@ -70,9 +72,8 @@ def _direct(member_params, key=None, temperature=0.0):
     member_params,
     ids,
     mask,
+    sampling.Decoding(T, temperature),
     key=jax.random.key(0) if key is None else key,
-    max_new_tokens=T,
-    temperature=temperature,
     config=CONFIG,
   )
   return jax.tree.map(np.asarray, out)
@@ -255,17 +256,19 @@ def test_bad_inputs_raise(key):
   with pytest.raises(ValueError, match=r"sigma=nan must be > 0"):
     _evaluate(params, key, sigma=float("nan"))
   ids, mask = _prompts()
-  kw = dict(config=CONFIG, step_key=key, sigma=SIGMA, score_fn=score_low_half)
+  kw = dict(step_key=key, score_fn=score_low_half)
   decoding = sampling.Decoding(T)
   with pytest.raises(TypeError, match="NoiseSpec"):  # the five noise settings: one spec
-    population.evaluate_population(params, ids, mask, spec=N, decoding=decoding, **kw)
+    population.PopulationSettings(N, SIGMA, CONFIG)
+  settings = population.PopulationSettings(noise.NoiseSpec(N), SIGMA, CONFIG)
   with pytest.raises(TypeError, match="population_size"):  # noise settings as keywords
     population.evaluate_population(params, ids, mask, population_size=N, decoding=decoding, **kw)
-  spec = noise.NoiseSpec(N)
+  with pytest.raises(TypeError, match="population.PopulationSettings"):  # the population: one value
+    population.evaluate_population(params, ids, mask, settings=N, decoding=decoding, **kw)
   with pytest.raises(TypeError, match="sampling.Decoding"):  # the decode settings: one value
-    population.evaluate_population(params, ids, mask, spec=spec, decoding=T, **kw)
+    population.evaluate_population(params, ids, mask, settings=settings, decoding=T, **kw)
   with pytest.raises(TypeError, match="max_new_tokens"):
-    population.evaluate_population(params, ids, mask, spec=spec, max_new_tokens=T, **kw)
+    population.evaluate_population(params, ids, mask, settings=settings, max_new_tokens=T, **kw)
   with pytest.raises(ValueError, match="precision"):
     _evaluate(params, key, rank=2, precision="bf16_faithful")
   with pytest.raises(ValueError, match="score_fn returned shape"):

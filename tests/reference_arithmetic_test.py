@@ -110,9 +110,9 @@ def test_perturb_restore_update_cycle_matches_numpy(key, mode):
   want = jax.tree.map(lambda x, e: _numpy_update(x, e, z, mode), w, stacked)
   _bits_equal(jax.jit(ref.update, static_argnames=("mode",))(got, key, z, ALPHA, mode=mode), want)
   state = {"params": params, "opt_state": ()}
-  applied, ratio = es_runner._in_place_apply(
-    state, r, key, SIGMA, ALPHA, shaping="zscore", mode=mode, sharded=False
-  )
+  rule = es_runner.UpdateRule(noise.NoiseSpec(N, precision=mode), "zscore", False, "sgd")
+  sizes = es_runner.StepSizes(jnp.float32(ALPHA), jnp.float32(SIGMA))
+  applied, ratio = es_runner._apply(state, r, key, sizes, rule=rule)
   assert 0 < float(ratio) < 1  # the step's ‖Δθ‖/‖θ‖, residues and update together
   _bits_equal(applied["params"], want)
 

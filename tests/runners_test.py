@@ -246,9 +246,10 @@ def test_decode_layout_reaches_every_training_decode_and_moves_no_weight(
   layouts = []
   decode = sampling.decode
 
-  def spy(*args, kv_chunk=None, compactions=0, **kwargs):
-    layouts.append((kv_chunk, compactions, args[3].shape))  # prompt ids: [P·G, S] or [M, P, S]
-    return decode(*args, kv_chunk=kv_chunk, compactions=compactions, **kwargs)
+  def spy(weights, prompt_ids, prompt_mask, key, decoding, **kwargs):
+    # prompt ids: [P·G, S] or [M, P, S]
+    layouts.append((decoding.kv_chunk, decoding.compactions, prompt_ids.shape))
+    return decode(weights, prompt_ids, prompt_mask, key, decoding, **kwargs)
 
   monkeypatch.setattr(sampling, "decode", spy)
   config = with_fields(_sequential_config(), decode__kv_chunk=4, decode__compactions=2)

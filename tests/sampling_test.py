@@ -10,6 +10,7 @@ from tiny_models import es_jax_port, torch_model
 
 from es_jax.decode_loop import decode
 from es_jax.decode_queue import generate_queue
+from es_jax.member_axes import Member
 from es_jax.models import forward, positions_from_mask, unstack_layers
 from es_jax.sampling import Decoding, generate, generate_members, pad_prompts
 
@@ -37,7 +38,7 @@ def test_greedy_matches_transformers_generate(tiny, loop):
 
   ref, p, cfg = tiny
   ids, mask = _prompts()
-  out = generate(p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12, **loop)
+  out = generate(p, ids, mask, Decoding(12, **loop), config=cfg, key=jax.random.key(0))
   with torch.no_grad():
     expected = ref.generate(
       input_ids=torch.tensor(ids, dtype=torch.long),
@@ -57,10 +58,8 @@ def test_queue_greedy_matches_transformers_generate(tiny):
 
   ref, p, cfg = tiny
   ids, mask = _prompts()
-  out = generate_queue(
-    p, ids, mask, config=cfg, key=jax.random.key(0), max_new_tokens=12, rows=2, refill_rows=1,
-    kv_chunk=4,
-  )  # fmt: skip
+  decoding = Decoding(12, refill_rows=1, kv_chunk=4)
+  out = generate_queue(p, ids, mask, decoding, config=cfg, key=jax.random.key(0), rows=2)
   with torch.no_grad():
     expected = ref.generate(
       input_ids=torch.tensor(ids, dtype=torch.long),
@@ -88,9 +87,7 @@ def _full_forward_logprobs(p, cfg, ids, mask, out):
 def test_sampled_logprobs_and_entropy_equal_full_forward(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
-  out = generate(
-    p, ids, mask, config=cfg, key=jax.random.key(1), max_new_tokens=10, temperature=1.0, top_p=0.9
-  )
+  out = generate(p, ids, mask, Decoding(10, 1.0, 0.9), config=cfg, key=jax.random.key(1))
   logp, entropy, _ = _full_forward_logprobs(p, cfg, ids, mask, out)
   m = np.asarray(out.mask)
   np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(logp)[m], atol=1e-4)
@@ -102,21 +99,11 @@ def test_sampled_logprobs_and_entropy_equal_full_forward(tiny):
 def test_eos_stops_and_masks(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
-  free = generate(
-    p, ids, mask, config=cfg, key=jax.random.key(2), max_new_tokens=8, temperature=1.0
-  )
+  free = generate(p, ids, mask, Decoding(8, 1.0), config=cfg, key=jax.random.key(2))
   # Use the token row 0 emits at step 2 as EOS: row 0 must stop right after it.
   eos = int(free.tokens[0, 2])
   out = generate(
-    p,
-    ids,
-    mask,
-    config=cfg,
-    key=jax.random.key(2),
-    max_new_tokens=8,
-    temperature=1.0,
-    eos_ids=[eos],
-    pad_id=7,
+    p, ids, mask, Decoding(8, 1.0, eos_ids=[eos], pad_id=7), config=cfg, key=jax.random.key(2)
   )
   toks, m, lengths = map(np.asarray, (out.tokens, out.mask, out.lengths))
   np.testing.assert_array_equal(lengths, m.sum(1))
@@ -148,21 +135,19 @@ def test_decode_paths_agree(tiny):
     "embed": factors(p["embed"]),
     "layers": {k: factors(p["layers"][k]) for k in ("wq", "wv", "w_down")},
   }
-  kw = dict(config=cfg, key=jax.random.key(0), max_new_tokens=8, deltas=deltas, delta_scale=0.01)
+  kw = dict(config=cfg, key=jax.random.key(0), deltas=deltas, delta_scale=0.01)
   runs = [
-    generate(p, ids, mask, temperature=0.0, unroll_layers=True, **kw),
-    generate(p, ids, mask, temperature=jnp.float32(0.0), unroll_layers=True, **kw),
-    generate(p, ids, mask, temperature=0.0, unroll_layers=False, **kw),
+    generate(p, ids, mask, Decoding(8, 0.0, unroll_layers=True), **kw),
+    generate(p, ids, mask, Decoding(8, jnp.float32(0.0), unroll_layers=True), **kw),
+    generate(p, ids, mask, Decoding(8, 0.0, unroll_layers=False), **kw),
     # Layers handed over unstacked (as the ES population does) run unrolled from the prefill on.
-    generate(unstack_layers(p), ids, mask, temperature=0.0, unroll_layers=False, **kw),
+    generate(unstack_layers(p), ids, mask, Decoding(8, 0.0, unroll_layers=False), **kw),
   ]
   for other in runs[1:]:
     np.testing.assert_array_equal(np.asarray(other.tokens), np.asarray(runs[0].tokens))
     np.testing.assert_allclose(np.asarray(other.logprobs), np.asarray(runs[0].logprobs), atol=1e-5)
     np.testing.assert_allclose(np.asarray(other.entropy), np.asarray(runs[0].entropy), atol=1e-5)
-  sampled = [
-    generate(p, ids, mask, temperature=1.0, top_p=0.9, unroll_layers=u, **kw) for u in (1, 0)
-  ]
+  sampled = [generate(p, ids, mask, Decoding(8, 1.0, 0.9, unroll_layers=u), **kw) for u in (1, 0)]
   np.testing.assert_array_equal(np.asarray(sampled[0].tokens), np.asarray(sampled[1].tokens))
 
 
@@ -170,11 +155,10 @@ def test_decode_paths_agree(tiny):
 def test_no_retrace_on_second_call(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
-  kw = dict(config=cfg, max_new_tokens=4, top_p=0.95)
-  generate(p, ids, mask, key=jax.random.key(0), temperature=0.5, **kw)
+  generate(p, ids, mask, Decoding(4, 0.5, 0.95), config=cfg, key=jax.random.key(0))
   before = decode._cache_size()
   ids2 = np.asarray(ids)[::-1].copy()  # new values, same shapes; new temperature value
-  generate(p, ids2, mask[::-1].copy(), key=jax.random.key(9), temperature=0.9, **kw)
+  generate(p, ids2, mask[::-1].copy(), Decoding(4, 0.9, 0.95), config=cfg, key=jax.random.key(9))
   assert decode._cache_size() == before
 
 
@@ -190,20 +174,10 @@ def test_decoding_validates_once_and_keeps_its_static_structure():
   same = {jax.tree.structure(x) for x in sampled}
   assert len(same) == 1 and jax.tree.structure(d) not in same
   assert jax.tree.structure(Decoding(8, 0.5)) not in same  # top-p on/off: a static switch
-  assert Decoding(8, 0.5, 0.9).generate_kwargs() == dict(
-    max_new_tokens=8,
-    temperature=0.5,
-    top_p=0.9,
-    eos_ids=(),
-    pad_id=0,
-    kv_chunk=None,
-    compactions=0,
-  )
   laid_out = Decoding(8, 0.5, 0.9, kv_chunk=np.int64(4), compactions=2)  # static: structure
   assert (laid_out.kv_chunk, laid_out.compactions) == (4, 2) and type(laid_out.kv_chunk) is int
   assert jax.tree.structure(laid_out) not in same and jax.tree.leaves(laid_out) == [0.5, 0.9]
   assert jax.tree.unflatten(jax.tree.structure(laid_out), [0.5, 0.9]) == laid_out
-  assert d.generate_kwargs()["temperature"] == 0.0
   # Under jit the leaves are tracers; the static part rides along unchanged.
   out = jax.jit(lambda x: x.temperature * 2)(sampled[0])
   assert float(out) == 1.0
@@ -230,7 +204,7 @@ def test_vmap_over_params_equals_individual_calls(tiny):
   keys = jax.random.split(jax.random.key(5), 2)
 
   def run(params, key):
-    return generate(params, ids, mask, config=cfg, key=key, max_new_tokens=6, temperature=1.0)
+    return generate(params, ids, mask, Decoding(6, 1.0), config=cfg, key=key)
 
   batched = jax.vmap(run)(stacked, keys)
   for i, single_params in enumerate([p, p2]):
@@ -277,8 +251,9 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
 
   deltas = {"embed": factors(p["embed"]), "layers": {k: factors(p["layers"][k]) for k in ("wv",)}}
   member_keys = jax.random.split(jax.random.key(3), M)
-  kw = dict(config=cfg, max_new_tokens=8, temperature=1.0, top_p=0.9, pad_id=7)
-  kw.update(delta_scale=0.05, unroll_layers=unroll_layers)
+  decoding = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, pad_id=7)
+  decoding.update(unroll_layers=unroll_layers)
+  kw = dict(config=cfg, delta_scale=0.05)
 
   def member(tree, axes, i):
     return jax.tree.map(
@@ -290,23 +265,21 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
       member(params, params_axes, i),
       ids,
       mask,
+      Decoding(**decoding, **extra),
       key=member_keys[i],
       deltas=jax.tree.map(lambda x: x[i], deltas),
       **kw,
-      **extra,
     )
 
   eos = int(single(1).tokens[0, 2])  # member 1's row 0 stops after step 2
   together = generate_members(
-    params,
+    Member(params, deltas, 0.05),
+    Member(params_axes, jax.tree.map(lambda _: 0, deltas), None),
     ids,
     mask,
+    Decoding(**decoding, eos_ids=[eos]),
     keys=member_keys,
-    params_axes=params_axes,
-    deltas=deltas,
-    deltas_axes=jax.tree.map(lambda _: 0, deltas),
-    eos_ids=[eos],
-    **kw,
+    config=cfg,
   )
   assert together.tokens.shape == (M, *np.asarray(ids).shape[:1], 8)
   assert int(together.lengths[1, 0]) == 3
@@ -329,14 +302,13 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
   )
   unstacked = jax.vmap(unstack_layers)(full)
   got = generate_members(
-    unstacked,
+    Member(unstacked, deltas, 0.05),
+    Member(jax.tree.map(lambda _: 0, unstacked), jax.tree.map(lambda _: 0, deltas), None),
     ids,
     mask,
+    Decoding(**decoding),
     keys=member_keys,
-    params_axes=jax.tree.map(lambda _: 0, unstacked),
-    deltas=deltas,
-    deltas_axes=jax.tree.map(lambda _: 0, deltas),
-    **kw,
+    config=cfg,
   )
   for i in range(M):
     np.testing.assert_array_equal(np.asarray(got.tokens[i]), np.asarray(single(i).tokens))
@@ -345,15 +317,17 @@ def test_generate_members_equals_per_member_generate(tiny, unroll_layers):
 def test_generate_members_names_bad_member_axes(tiny):
   _, p, cfg = tiny
   ids, mask = _prompts()
-  call = dict(keys=jax.random.split(jax.random.key(3), 3), config=cfg, max_new_tokens=2)
+  call = dict(keys=jax.random.split(jax.random.key(3), 3), config=cfg)
+
+  def run(params_axes):
+    return generate_members(Member(p), Member(params_axes), ids, mask, Decoding(2), **call)
+
   with pytest.raises(ValueError, match=r"params\['embed'\] has shape .* per member"):
-    generate_members(p, ids, mask, params_axes=jax.tree.map(lambda _: 0, p), **call)
+    run(jax.tree.map(lambda _: 0, p))
   with pytest.raises(ValueError, match="params_axes must mirror params"):
-    generate_members(p, ids, mask, params_axes={"embed": None}, **call)
+    run({"embed": None})
   with pytest.raises(ValueError, match=r"params_axes at params\['final_norm'\] is 1"):
-    generate_members(
-      p, ids, mask, params_axes={**jax.tree.map(lambda _: None, p), "final_norm": 1}, **call
-    )
+    run({**jax.tree.map(lambda _: None, p), "final_norm": 1})
 
 
 def test_prompt_batch_sharded_over_devices_equals_single_device(tiny):
@@ -363,9 +337,9 @@ def test_prompt_batch_sharded_over_devices_equals_single_device(tiny):
   ids, mask = pad_prompts([list(rng.randint(0, 250, n)) for n in range(1, 9)], pad_id=0, bucket=8)
   mesh = jax.make_mesh((8,), ("pop",), axis_types=(jax.sharding.AxisType.Auto,))
   row = NamedSharding(mesh, PartitionSpec("pop"))
-  kw = dict(config=cfg, key=jax.random.key(6), max_new_tokens=5, temperature=1.0)
-  sharded = generate(p, jax.device_put(ids, row), jax.device_put(mask, row), **kw)
-  single = generate(p, ids, mask, **kw)
+  kw = dict(config=cfg, key=jax.random.key(6))
+  sharded = generate(p, jax.device_put(ids, row), jax.device_put(mask, row), Decoding(5, 1.0), **kw)
+  single = generate(p, ids, mask, Decoding(5, 1.0), **kw)
   assert len(sharded.tokens.sharding.device_set) == 8
   np.testing.assert_array_equal(np.asarray(sharded.tokens), np.asarray(single.tokens))
 

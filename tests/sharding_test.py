@@ -207,13 +207,10 @@ def _es_step(params, mesh, rank, *, min_size=256):
     params,
     ids,
     np.ones_like(ids, bool),
-    config=STEP_CONFIG,
-    step_key=step_key,
-    sigma=SIGMA,
-    spec=spec,
+    settings=population.PopulationSettings(spec, SIGMA, STEP_CONFIG, mesh=mesh),
     decoding=sampling.Decoding(2),
+    step_key=step_key,
     score_fn=_low_tokens,
-    mesh=mesh,
   )
   opt = optax.chain(es.es_gradient(spec, sharded=sharded), optax.sgd(ALPHA))
 
@@ -314,13 +311,8 @@ def test_model_sharded_update_and_population_gather_no_parameter():
     np.ones_like(ids, bool),
     key,
     key,
-    jnp.float32(SIGMA),
     sampling.Decoding(2),
-    config=STEP_CONFIG,
-    spec=noise.NoiseSpec(N),
-    members_per_chunk=1,
-    mesh=mesh,
-    share_sample_key=False,
+    population.PopulationSettings(noise.NoiseSpec(N), jnp.float32(SIGMA), STEP_CONFIG, mesh=mesh),
   )
   hlo = program.compile().as_text()
   assert "all-gather" in hlo  # activations are gathered over 'model' (the parser sees them)

@@ -56,6 +56,7 @@ import numpy as np
 from es_jax import sampling
 from es_jax.decode_loop import decode
 from es_jax.decode_queue import decode_queue
+from es_jax.member_axes import Member
 from es_jax.models import (
   forward,
   init_cache,
@@ -154,37 +155,36 @@ def _compiled(fn, *args, **static):
   return exe, time.perf_counter() - start
 
 
-def _options(eos, max_new_tokens) -> tuple[dict, dict]:
-  """(traced, static) decode options: temperature 1, no nucleus, pad 0."""
-  opts = sampling._decode_options(max_new_tokens, 1.0, None, eos, 0, None)
-  return {k: opts.pop(k) for k in ("temperature", "top_p")}, opts
+def _decoding(eos, max_new_tokens, **layout) -> sampling.Decoding:
+  """The decode settings: temperature 1, no nucleus, pad 0, laid out by `layout`, as the
+  decode loops take them (`sampling.resolved`)."""
+  decoding = sampling.Decoding(max_new_tokens, 1.0, None, eos, 0, **layout)
+  return sampling.resolved(decoding, "decode_cost")
 
 
 def queue_call(p, cfg, ids, mask, keys, budgets, eos, args):
   """The queue decoder on all items, each capped at `budgets`: (a zero-argument call returning
   (Completions, decode steps, prefills), compile seconds)."""
-  dynamic, opts = _options(eos, args.max_new_tokens)
-  inputs = (p, None, None, ids, mask, keys, jnp.asarray(budgets, jnp.int32))
-  layout = dict(
-    rows=args.rows, refill_rows=args.refill_rows, kv_chunk=args.kv_chunk,
-    compactions=args.compactions,
+  decoding = _decoding(
+    eos, args.max_new_tokens, kv_chunk=args.kv_chunk, compactions=args.compactions,
+    refill_rows=args.refill_rows,
   )  # fmt: skip
-  exe, compile_s = _compiled(decode_queue, *inputs, **dynamic, config=cfg, **opts, **layout)
-  return lambda: exe(*inputs, **dynamic), compile_s
+  inputs = (p, ids, mask, keys, jnp.asarray(budgets, jnp.int32), decoding)
+  exe, compile_s = _compiled(decode_queue, *inputs, config=cfg, rows=args.rows)
+  return lambda: exe(*inputs), compile_s
 
 
 def static_call(p, cfg, ids, mask, keys, eos, args):
   """The static loop on the items in turn, `rows` at a time: (a zero-argument call returning
   the Completions of all items, compile seconds)."""
-  dynamic, opts = _options(eos, args.max_new_tokens)
+  decoding = _decoding(eos, args.max_new_tokens, **STATIC)
   W, B = len(ids), args.rows
   batches = [(ids[i : i + B], mask[i : i + B], keys[i : i + B]) for i in range(0, W, B)]
-  exe, compile_s = _compiled(
-    decode, p, None, None, *batches[0], **dynamic, config=cfg, **opts, **STATIC, row_groups=1
-  )
+  weights = Member(p)
+  exe, compile_s = _compiled(decode, weights, *batches[0], decoding, config=cfg, row_groups=1)
 
   def run():
-    outs = [exe(p, None, None, *batch, **dynamic) for batch in batches]
+    outs = [exe(weights, *batch, decoding) for batch in batches]
     return jax.tree.map(lambda *x: jnp.concatenate(x), *outs)
 
   return run, compile_s

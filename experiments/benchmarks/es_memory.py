@@ -126,15 +126,11 @@ def child(args) -> dict:
     updates, opt_state = optimizer.update(params, opt_state, params, fitness=fitness, key=key)
     return optax.apply_updates(params, updates), opt_state
 
-  decoding = sampling.Decoding(T)  # greedy
   eval_kw = dict(
-    config=config,
+    settings=population.PopulationSettings(spec, args.sigma, config, M),
+    decoding=sampling.Decoding(T),  # greedy
     step_key=step_key,
-    sigma=args.sigma,
-    spec=spec,
-    decoding=decoding,
     score_fn=score,
-    members_per_chunk=M,
   )
   state = {"params": params, "opt_state": optimizer.init(params)}
   del params
@@ -172,20 +168,15 @@ def _xla_figures(state, ids, mask, eval_kw, apply_update, fitness) -> dict:
 
   from es_jax import population
 
-  key = eval_kw["step_key"]
+  key, settings = eval_kw["step_key"], eval_kw["settings"]
   lowered = population.population_completions.lower(
     state["params"],
     ids,
     mask,
     key,
     key,
-    jax.numpy.float32(eval_kw["sigma"]),
-    eval_kw["decoding"],
-    config=eval_kw["config"],
-    spec=eval_kw["spec"],
-    members_per_chunk=eval_kw["members_per_chunk"],
-    mesh=None,
-    share_sample_key=False,
+    eval_kw["decoding"].as_float32(),
+    jax.tree.map(jax.numpy.float32, settings),  # σ traced, as evaluate_population passes it
   )
   update = apply_update.lower(state["params"], state["opt_state"], fitness, key)
   return {"xla_evaluate": _analysis(lowered.compile()), "xla_update": _analysis(update.compile())}

@@ -112,19 +112,17 @@ def _evaluation_times(args, params, config, mesh, ids, mask, step_key) -> dict[s
       params,
       ids,
       mask,
-      config=config,
-      step_key=key,
-      sigma=args.sigma,
-      spec=noise.NoiseSpec(N, rank=rank),
+      settings=population.PopulationSettings(
+        noise.NoiseSpec(N, rank=rank), args.sigma, config, members_per_chunk, mesh
+      ),
       decoding=sampling.Decoding(T),  # greedy
+      step_key=key,
       score_fn=_score,
-      mesh=mesh,
-      members_per_chunk=members_per_chunk,
     )[0]
 
   def infer(batch_ids, batch_mask):
     return sampling.generate(
-      params, batch_ids, batch_mask, key=step_key, max_new_tokens=T, config=config
+      params, batch_ids, batch_mask, sampling.Decoding(T), key=step_key, config=config
     )
 
   batch_ids, batch_mask = np.tile(ids, (N, 1)), np.tile(mask, (N, 1))

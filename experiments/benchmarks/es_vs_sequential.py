@@ -106,7 +106,7 @@ def sequential_step(params, ids, mask, *, config, step_key, sigma, lr, n, max_ne
     params = _sync(_perturb(params, step_key, idx, sigma))
     t1 = time.perf_counter()
     out = sampling.generate(
-      params, ids, mask, key=step_key, max_new_tokens=max_new_tokens, config=config
+      params, ids, mask, sampling.Decoding(max_new_tokens), key=step_key, config=config
     )
     rewards[i] = score(np.asarray(out.tokens), np.asarray(out.mask))
     t2 = time.perf_counter()
@@ -160,13 +160,10 @@ def _sides(args, config, ids, mask, step_key) -> dict:
       params,
       ids,
       mask,
-      config=config,
-      step_key=step_key,
-      sigma=args.sigma,
-      spec=spec,
+      settings=population.PopulationSettings(spec, args.sigma, config, members_per_chunk),
       decoding=sampling.Decoding(T),  # greedy
+      step_key=step_key,
       score_fn=score,
-      members_per_chunk=members_per_chunk,
     )
     t1 = time.perf_counter()
     params, _ = _sync(apply_update(params, optimizer.init(params), fitness, step_key))

@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from es_jax.models import Transformer, get_config, save_hf
-from es_jax.sampling import generate, pad_prompts
+from es_jax.sampling import Decoding, generate, pad_prompts
 from experiments.benchmarks._common import load_model
 
 QUESTIONS = [
@@ -73,7 +73,7 @@ def bench_one(name, model, tokenizer, batch, new_tokens, repeats, hf_dir, torch_
   )
 
   def run_jax():
-    out = generate(model, ids, mask, key=jax.random.key(0), max_new_tokens=new_tokens)
+    out = generate(model, ids, mask, Decoding(new_tokens), key=jax.random.key(0))
     return np.asarray(jax.block_until_ready(out.tokens))
 
   run_jax()  # compile
