@@ -9,6 +9,7 @@ import pytest
 from experiments.benchmarks import decode_cost, es_vs_sequential, sampler_vs_transformers
 
 
+@pytest.mark.slow  # the benchmark's agreement check; population_test compares members directly
 def test_es_vs_sequential_sides_agree(capsys):
   # Raises AssertionError itself if the two sides' fitness differ.
   es_vs_sequential.main(
