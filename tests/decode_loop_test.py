@@ -84,6 +84,7 @@ def test_loop_layouts_give_the_static_loops_tokens(tiny, temperature):
       )
 
 
+@pytest.mark.slow  # an invariance, no reference: the layouts' equivalence above stays quick
 def test_a_rows_tokens_do_not_depend_on_its_batch(tiny):
   """Row r draws uniform(fold_in(key, t), (B,))[r]: the first rows decoded alone, or beside
   rows that end at other times (and leave the batch), get the same sampled tokens."""

@@ -194,6 +194,7 @@ def test_beta_zero_needs_no_reference_and_ignores_one(setup):
     step(gt.init_state(params0, ADAM), batch, None, beta=0.1)
 
 
+@pytest.mark.slow  # a training run's behaviour, no reference
 def test_grpo_raises_reward_and_collapses_entropy(setup):
   """Reward: fraction of completion tokens equal to TARGET; baseline ≈ 1/256 at random init."""
   params0, _, _ = setup
