@@ -36,7 +36,8 @@ PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 test: lint test-fast test-slow
 
 # The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
-# one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest.
+# one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest. While working,
+# `ES_JAX_TEST_COMPILE_CACHE=DIR make test-fast` keeps the compiled programs for the next run.
 test-fast: $(BIN)/.tpu-installed
 	$(PYTEST) -m "not slow"
 

@@ -9,6 +9,7 @@ import pytest
 from experiments.benchmarks import decode_cost, es_vs_sequential, sampler_vs_transformers
 
 
+@pytest.mark.slow  # the benchmark's agreement check; population_test compares members directly
 def test_es_vs_sequential_sides_agree(capsys):
   # Raises AssertionError itself if the two sides' fitness differ.
   es_vs_sequential.main(
@@ -31,6 +32,7 @@ def test_es_vs_sequential_sides_agree(capsys):
   assert re.search(r"ratio sequential / batched \(M=2\), best step time: [0-9.]+x", out)
 
 
+@pytest.mark.slow  # the benchmark's own check; sampling_test compares the tokens in the quick tier
 def test_sampler_vs_transformers_tokens_identical(capsys):
   sampler_vs_transformers.main(
     ["--models", "tiny", "--batch_sizes", "3", "--new_tokens", "6", "--repeats", "1"]

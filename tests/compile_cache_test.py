@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -72,11 +73,17 @@ def test_default_dir_follows_the_environment(monkeypatch, tmp_path):
   assert compile_cache.enable(None) is None and compile_cache.enable("") is None
 
 
-def test_unit_tests_leave_the_cache_off():
-  # tests/conftest.py sets ES_JAX_COMPILE_CACHE empty: CLI subprocesses write nothing to $HOME.
-  assert os.environ[compile_cache.ENV] == ""
-  assert compile_cache.default_dir() is None
-  assert not jax.config.jax_compilation_cache_dir
+def test_tests_share_one_temporary_cache_and_write_nothing_to_home():
+  # tests/conftest.py turns the cache on in one temporary directory per pytest session, and hands
+  # it to CLI subprocesses through ES_JAX_COMPILE_CACHE: nothing is written to $HOME's cache.
+  session = os.environ[compile_cache.ENV]
+  assert session and compile_cache.default_dir() == session
+  assert jax.config.jax_compilation_cache_dir == session
+  if os.environ.get("ES_JAX_TEST_COMPILE_CACHE"):  # a directory kept across sessions
+    assert session == os.environ["ES_JAX_TEST_COMPILE_CACHE"]
+  else:
+    assert os.path.basename(session).startswith("es_jax_test_compile_cache_")
+    assert os.path.dirname(session) == tempfile.gettempdir()
 
 
 def test_compile_seconds_grows_when_a_new_program_compiles():

@@ -228,6 +228,7 @@ def _cli(*args):
   return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
 
 
+@pytest.mark.slow  # six subprocess runs of experiments.main
 def test_cli_user_errors_are_one_line_with_exit_status_2():
   smoke = f"--config={os.path.join(ROOT, 'experiments', 'configs', 'demo.py')}:smoke"
   for args, expected in (

@@ -55,7 +55,9 @@ def test_phase_sizes_and_cache_length():
   assert decode_loop.cache_length(8, 12, 128) == (20, None)  # the whole cache: dense
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
+# Sampled decoding runs every layout's code and the sampler too; greedy (the same loop with argmax
+# for the draw) is the slow tier's.
+@pytest.mark.parametrize("temperature", [pytest.param(0.0, marks=pytest.mark.slow), 1.0])
 def test_loop_layouts_give_the_static_loops_tokens(tiny, temperature):
   eos = _eos(temperature)
   static = _run(tiny, temperature=temperature, eos_ids=eos, **STATIC)
@@ -72,6 +74,7 @@ def test_loop_layouts_give_the_static_loops_tokens(tiny, temperature):
       )
 
 
+@pytest.mark.slow  # an invariance, no reference: the layouts' equivalence above stays quick
 def test_a_rows_tokens_do_not_depend_on_its_batch(tiny):
   """Row r draws uniform(fold_in(key, t), (B,))[r]: the first rows decoded alone, or beside
   rows that end at other times (and leave the batch), get the same sampled tokens."""

@@ -182,6 +182,7 @@ def test_file_tasks_count_training_rows_warn_and_drop_them(tmp_path, caplog):
   )
 
 
+@pytest.mark.slow  # a whole evaluation run
 def test_the_meta_and_table_record_the_counts_and_other_problems_are_refused(tmp_path):
   config = smoke_config(demo)
   assert not evaluate.run(config, str(tmp_path))["stopped"]

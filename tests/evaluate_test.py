@@ -378,6 +378,7 @@ def test_orbax_source_restores_the_saved_params(tiny, tmp_path):
     model_io.load_model({"source": "orbax", "path": str(tmp_path / "missing")})
 
 
+@pytest.mark.slow  # a whole smoke run first
 def test_training_run_with_other_eval_settings_is_refused_before_writing(tmp_path):
   """A finished run rerun with eval.refill flipped: refused at startup, config.json untouched."""
   from experiments import es_runner

@@ -194,6 +194,7 @@ def test_beta_zero_needs_no_reference_and_ignores_one(setup):
     step(gt.init_state(params0, ADAM), batch, None, beta=0.1)
 
 
+@pytest.mark.slow  # a training run's behaviour, no reference
 def test_grpo_raises_reward_and_collapses_entropy(setup):
   """Reward: fraction of completion tokens equal to TARGET; baseline ≈ 1/256 at random init."""
   params0, _, _ = setup
@@ -405,17 +406,19 @@ def test_last_only_n_gives_the_last_n_positions_and_their_gradient(key):
   p = params(Transformer(cfg, rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(key, (2, 9), 0, cfg.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  full = forward(p, tokens, pos, config=cfg)[0]
-  last = forward(p, tokens, pos, config=cfg, last_only=4)[0]
+  # Jitted: one compile per program instead of one per operation.
+  fwd = jax.jit(lambda p, n: forward(p, tokens, pos, config=cfg, last_only=n)[0], static_argnums=1)
+  full, last = fwd(p, False), fwd(p, 4)
   assert last.shape == (2, 4, cfg.vocab_size)
   np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -4:]), rtol=1e-5, atol=1e-5)
-  assert forward(p, tokens, pos, config=cfg, last_only=True)[0].shape == (2, 1, cfg.vocab_size)
+  assert fwd(p, True).shape == (2, 1, cfg.vocab_size)
 
   def loss(p, n):
     logits = forward(p, tokens, pos, config=cfg, last_only=n)[0][:, -4:]
     return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
 
-  g_full, g_last = jax.grad(loss)(p, False), jax.grad(loss)(p, 4)
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  g_full, g_last = grad(p, False), grad(p, 4)
   assert float(jnp.max(jnp.abs(g_full["embed"]))) > 0.0  # the gradient is not trivially zero
   for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_last), strict=True):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)

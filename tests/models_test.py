@@ -425,6 +425,7 @@ def test_load_gguf_missing_file(tmp_path):
     load_gguf(tmp_path / "nope.gguf")
 
 
+@pytest.mark.slow  # a dtype invariant, no reference
 def test_float32_masters_compute_in_the_config_dtype(key):
   # Master weights in float32 under a bf16 config: forward casts them, so the logits equal those
   # of the bf16 weights exactly, and differ from a float32 forward.

@@ -214,6 +214,7 @@ def test_low_rank_member_hook_forward_equals_materialised(key, low_rank_vectors)
   assert np.max(np.abs(np.asarray(want) - np.asarray(base))) > 0.1
 
 
+@pytest.mark.slow  # a training loop's behaviour, no reference
 def test_es_loop_improves_reward_without_retracing():
   """evaluate + optax.chain(es_gradient, sgd): greedy reward of θ rises well above its start."""
   params = _params()

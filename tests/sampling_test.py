@@ -28,9 +28,15 @@ def _prompts():
   return pad_prompts([[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7]], pad_id=0, bucket=8)
 
 
+# The quick tier compares the default layout with transformers; the other layouts equal it there
+# (decode_loop_test.py::test_loop_layouts_give_the_static_loops_tokens).
 @pytest.mark.parametrize(
   "loop",
-  [{}, dict(kv_chunk=None, compactions=0), dict(kv_chunk=4, compactions=2)],
+  [
+    {},
+    pytest.param(dict(kv_chunk=None, compactions=0), marks=pytest.mark.slow),
+    pytest.param(dict(kv_chunk=4, compactions=2), marks=pytest.mark.slow),
+  ],
   ids=["default", "static", "bucketed"],
 )
 def test_greedy_matches_transformers_generate(tiny, loop):

@@ -43,6 +43,7 @@ def test_partial_calibration_of_another_seed_is_refused_and_left_as_it_was(tmp_p
     calibration.run(config, str(tmp_path))
 
 
+@pytest.mark.slow  # a whole calibration run
 def test_restart_measures_every_sigma_again(tmp_path):
   row = {"sigma": 1e-3, "members": 999, "fitness_mean": 42.0, "changed": 1.0}
   config = smoke_config(fair_config, method="calibrate", diversity__sigmas=(1e-3,))
