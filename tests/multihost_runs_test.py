@@ -1,7 +1,7 @@
 """`python -m experiments.main` as two jax.distributed CPU processes (localhost coordinator, one
-CPU device each, gloo collectives) for es, grpo and sequential on the `:smoke` config: each host
-scores the rows on its own device, only rewards cross hosts, process 0 alone writes the workdir,
-and the final weights equal a one-process run's on the same ('pop' = 2) mesh."""
+CPU device each, gloo collectives) for es and sequential (GRPO, then ES) on the `:smoke` config:
+each host scores the rows on its own device, only rewards cross hosts, process 0 alone writes the
+workdir, and each stage's final weights equal a one-process run's on the same ('pop' = 2) mesh."""
 
 import json
 import os
@@ -21,21 +21,23 @@ from run_configs import (
 )
 
 from es_jax.checkpoint import Checkpointer
-from experiments import es_runner, grpo_runner, sequential
+from experiments import es_runner, sequential
 from experiments.configs import demo as demo_config
 
 pytestmark = pytest.mark.slow  # each test launches two-process training runs
 
 DEADLINE_S = 900  # generous: a loaded 2-core machine compiles slowly
 # Small runs on a 2-device 'pop' axis; the sequential run keeps its final evaluation (written once).
+# ES alone is compared bit for bit; GRPO is the sequential run's first stage (2 GRPO steps, then 2
+# ES steps: each stage's checkpoint is compared), trained by the grpo_runner.train that
+# method=grpo runs, so a separate GRPO launch would check nothing more.
 COMMON = dict(mesh__pop=2, eval__every=0, eval__final=False, export_hf=False, checkpoint__every=1)
 RUNS = {
-  "es": (es_runner, dict(es__num_steps=2), "checkpoints"),
-  "grpo": (grpo_runner, dict(grpo__num_steps=2), "checkpoints"),
+  "es": (es_runner, dict(es__num_steps=2), ("checkpoints",)),
   "sequential": (
     sequential,
-    dict(sequential__total_steps=2, eval__final=True),
-    os.path.join("stage2_es", "checkpoints"),
+    dict(sequential__total_steps=4, eval__final=True),
+    (os.path.join("stage1_grpo", "checkpoints"), os.path.join("stage2_es", "checkpoints")),
   ),
 }
 
@@ -63,7 +65,7 @@ def _flags(method: str, overrides: dict) -> list[str]:
 
 @pytest.fixture(scope="module")
 def compile_cache(tmp_path_factory):
-  """One persistent XLA cache for the three launches (the sequential run reuses the others'
+  """One persistent XLA cache for the launches (the sequential run reuses the ES run's
   programs); it holds executables the runs would compile anyway, and changes no result."""
   return str(tmp_path_factory.mktemp("jax_compile_cache"))
 
@@ -102,25 +104,26 @@ def _launch(workdir, method: str, overrides: dict, cache: str) -> None:
 
 @pytest.mark.parametrize("method", list(RUNS))
 def test_two_processes_train_as_one(method, tmp_path, compile_cache):
-  module, overrides, ckpt = RUNS[method]
+  module, overrides, ckpts = RUNS[method]
   one, two = tmp_path / "one", tmp_path / "two"
   # The reference: this process, the first two of its CPU devices as the 'pop' axis.
   module.run(smoke_config(demo_config, method=method, **{**COMMON, **overrides}), str(one))
-  step, want = checkpoint_params(one / ckpt)
-  template = _restore(one / ckpt).state  # the other run's layout (two hosts) restored as this one
-  assert_trained(one, want)  # rewards varied and weights moved: the comparison shows something
   _launch(two, method, overrides, compile_cache)
   assert os.path.exists(two / "DONE")
-  restored = _restore(two / ckpt, template)
-  assert restored.meta["step"] == step
-  state = restored.state
-  got = named_leaves(state["params"] if isinstance(state, dict) else state.params)
-  assert set(got) == set(want)
-  # ES: greedy members, keyed noise, rewards summed in member order: the same bits. GRPO: the
-  # same rows on the same two devices; 1e-6 allows for another all-reduce order.
-  tol = 0 if method == "es" else 1e-6
-  for name, value in want.items():
-    np.testing.assert_allclose(got[name], value, rtol=tol, atol=tol, err_msg=name)
+  for ckpt in ckpts:
+    step, want = checkpoint_params(one / ckpt)
+    assert_trained(one, want)  # rewards varied and weights moved: the comparison shows something
+    template = _restore(one / ckpt).state  # the two-host run's layout restored as this one's
+    restored = _restore(two / ckpt, template)
+    assert restored.meta["step"] == step
+    state = restored.state
+    got = named_leaves(state["params"] if isinstance(state, dict) else state.params)
+    assert set(got) == set(want)
+    # ES: greedy members, keyed noise, rewards summed in member order: the same bits. GRPO: the
+    # same rows on the same two devices; 1e-6 allows for another all-reduce order.
+    tol = 0 if method == "es" else 1e-6
+    for name, value in want.items():
+      np.testing.assert_allclose(got[name], value, rtol=tol, atol=tol, err_msg=f"{ckpt}: {name}")
   rows = [json.loads(line) for line in open(two / "metrics.jsonl")]
   assert [r["step"] for r in rows] == sorted({r["step"] for r in rows})  # one writer
   if overrides.get("eval__final"):  # each record once, as the one-process run has them

@@ -78,9 +78,11 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   env.pop("XLA_FLAGS", None)
   env["PYTHONPATH"] = ROOT
-  # One persistent XLA cache for the three commands: the demo's ES and GRPO runs reuse the
-  # programs the first two compiled. It holds executables the runs would compile anyway.
-  env["ES_JAX_COMPILE_CACHE"] = str(tmp_path / "jax_compile_cache")  # experiments.compile_cache
+  # One persistent XLA cache for the three commands (the test session's, when it has one): the
+  # demo's ES and GRPO runs reuse the programs the first two compiled. It holds executables the
+  # runs would compile anyway (experiments.compile_cache).
+  cache = os.environ.get("ES_JAX_COMPILE_CACHE") or str(tmp_path / "jax_compile_cache")
+  env["ES_JAX_COMPILE_CACHE"] = cache
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")
   workdirs = []
   for command in commands:
