@@ -54,18 +54,24 @@ def _config(args, stage: str):
     config[stage].num_steps = args.steps
     config.eval.every = args.steps + 1  # no periodic evaluation inside the measured steps
     config.checkpoint.every = args.steps + 1
-    for item in args.set:
-      key, _, text = item.partition("=")
-      try:
-        value = ast.literal_eval(text)
-      except (ValueError, SyntaxError):
-        value = text
-      node = config
-      *parents, leaf = key.split(".")
-      for name in parents:
-        node = node[name]
-      node[leaf] = value
+    apply_overrides(config, args.set)
   return config
+
+
+def apply_overrides(config, items: list[str]) -> None:
+  """Sets ``key.path=value`` items on an unlocked config (values parsed as Python literals,
+  else kept as strings)."""
+  for item in items:
+    key, _, text = item.partition("=")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    node = config
+    *parents, leaf = key.split(".")
+    for name in parents:
+      node = node[name]
+    node[leaf] = value
 
 
 def child(args) -> dict:

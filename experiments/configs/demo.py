@@ -32,9 +32,9 @@ def get_config(variant: str | None = None):
   c.eval.ks = (1, 2, 4, 8)
   c.eval.max_new_tokens = 32
   c.eval.batch_size = 72  # 8 problems x (8 samples + 1 greedy)
-  c.eval.every = 4
-  c.eval.periodic_limit = 8
-  c.eval.periodic_num_samples = 4
+  # No periodic evaluation (every = 0): the report shows the final evaluations only, and each
+  # run's evaluation before training would repeat the base model's.
+  c.eval.every = 0
   # ES: EGGROLL low rank (r = 4) so that a CPU step costs about one batched inference: full-rank
   # ES (the paper's; --config.es.rank=0) measured ~55 s per step here against ~10 s, mostly
   # drawing 135M normals per member twice. A small population; σ, α as Qiu et al. (1e-3, 5e-4).
