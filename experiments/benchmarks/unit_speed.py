@@ -61,6 +61,9 @@ def _config(args, overrides: list[str]):
     config.method = "es"
     for section in (config.data, config.eval):
       section.task_config = {**section.task_config, **ONE_DIGIT}
+    # One-digit sums make about 242 distinct problems: a small training pool leaves the
+    # evaluation enough problems outside it (experiments.eval_data draws them disjoint).
+    config.data.limit = 64
     config.eval.limit = args.problems
     config.eval.keep_samples = 0
     config.es.num_steps = args.es_steps
