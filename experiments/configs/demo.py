@@ -5,8 +5,9 @@
 
 Hardware: any CPU (2 cores are enough); no accelerator or network.
 Default variant: the README's demo (`method="demo"`): evaluates the base model, runs ES, GRPO,
-GRPO→ES and ES→GRPO with a small budget, evaluates each and writes report.md; about 24 minutes on
-a 2-core CPU. Use --config.method=es|grpo|sequential for one method.
+GRPO→ES and ES→GRPO with a small budget (6 steps each, 2 + 2 sequential), evaluates each and
+writes report.md; 1,268 s of CPU time, 29 min on a loaded 2-core CPU (docs/benchmarks.md).
+Use --config.method=es|grpo|sequential for one method.
 Expected result: SmolLM2 solves part of the two-term one-digit sums (greedy ≈ 0.25-0.5 on 32 test
 problems), so ES and GRPO have a reward signal to improve on; with this small budget the changes
 are small and noisy: the report shows whatever was measured.
