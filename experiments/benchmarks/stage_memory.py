@@ -2,6 +2,8 @@
 
     python -m experiments.benchmarks.stage_memory [--config experiments/configs/demo.py]
         [--steps 2] [--stages es,grpo] [--set key=value ...]
+    python -m experiments.benchmarks.stage_memory --stages \
+        es,grpo,grpo@grpo.micro_batch_size=16,grpo@grpo.micro_batch_size=4@grpo.remat=True
 
 The goal (issue 37): the GRPO stage's peak resident set at most the ES stage's on the demo
 config. Each stage runs in its own interpreter (``--_child NAME``, same flags), so neither
@@ -20,8 +22,10 @@ alone (`es_jax.grpo_update.update_step(..., lower=True)` on abstract SmolLM2-135
 weights, nothing run) for the demo's rollout (4 prompts x 8 generations, 32 new tokens, one
 mini-batch) at micro-batch sizes 16, 8 and 4, with and without ``remat``.
 
-``--set`` overrides config fields in the child (``--set grpo.micro_batch_size=8``); periodic
-evaluation and checkpoints are pushed past the last step so only training is measured.
+``--set`` overrides config fields in every child (``--set grpo.micro_batch_size=8``); a stage
+written ``grpo@key=value@...`` runs with those overrides too, so one run compares settings
+(each GRPO stage's ratio to the ES stage is printed). Periodic evaluation and checkpoints are
+pushed past the last step so only training is measured.
 """
 
 from __future__ import annotations
@@ -41,7 +45,9 @@ _MARKER = "STAGE_MEMORY_CHILD_RESULT "
 
 
 def _config(args, stage: str):
-  """The config file's config for one stage: method, steps and the --set overrides."""
+  """The config file's config for one stage: method, steps and the overrides (--set, then the
+  stage's own ``@key=value`` ones)."""
+  stage, *own = stage.split("@")
   import importlib.util
 
   path, _, variant = args.config.partition(":")
@@ -54,18 +60,24 @@ def _config(args, stage: str):
     config[stage].num_steps = args.steps
     config.eval.every = args.steps + 1  # no periodic evaluation inside the measured steps
     config.checkpoint.every = args.steps + 1
-    for item in args.set:
-      key, _, text = item.partition("=")
-      try:
-        value = ast.literal_eval(text)
-      except (ValueError, SyntaxError):
-        value = text
-      node = config
-      *parents, leaf = key.split(".")
-      for name in parents:
-        node = node[name]
-      node[leaf] = value
+    apply_overrides(config, [*args.set, *own])
   return config
+
+
+def apply_overrides(config, items: list[str]) -> None:
+  """Sets ``key.path=value`` items on an unlocked config (values parsed as Python literals,
+  else kept as strings)."""
+  for item in items:
+    key, _, text = item.partition("=")
+    try:
+      value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      value = text
+    node = config
+    *parents, leaf = key.split(".")
+    for name in parents:
+      node = node[name]
+    node[leaf] = value
 
 
 def child(args) -> dict:
@@ -73,11 +85,12 @@ def child(args) -> dict:
   from es_jax import preemption
   from experiments import es_runner, grpo_runner, run_context, train_loop
 
-  stage = args._child
+  spec = args._child
+  stage = spec.split("@")[0]
   train = {"es": es_runner.train, "grpo": grpo_runner.train}[stage]
   with tempfile.TemporaryDirectory(prefix=f"stage_memory_{stage}_") as workdir:
     with preemption.sigterm_scope():
-      ctx = run_context.make_context(_config(args, stage), workdir)
+      ctx = run_context.make_context(_config(args, spec), workdir)
       out = {"stage": stage, "load_peak": _peak_bytes(), "peak_reset": _reset_peak()}
       out["rss_before"] = _rss_bytes()
       t0 = time.perf_counter()
@@ -169,18 +182,22 @@ def main(argv=None):
     t0 = time.perf_counter()
     res[stage] = run_child(stage, args)
     print(f"  {stage} done in {time.perf_counter() - t0:.1f}s")
-  print(f"\n{'':<36}" + "".join(f"{s:>10}" for s in stages))
-  for label, key in (("peak RSS, load (MiB)", "load_peak"), ("RSS after load (MiB)", "rss_before")):
-    print(f"{label:<36}" + "".join(f"{res[s][key] / MiB:10.1f}" for s in stages))
-  print(
-    f"{'peak RSS, stage (MiB)':<36}"
-    + "".join(f"{res[s]['stage_peak'] / MiB:10.1f}" for s in stages)
+  rows = (
+    ("peak RSS, load (MiB)", "load_peak", MiB),
+    ("RSS after load (MiB)", "rss_before", MiB),
+    ("peak RSS, stage (MiB)", "stage_peak", MiB),
+    ("stage seconds", "seconds", 1.0),
   )
-  print(f"{'stage seconds':<36}" + "".join(f"{res[s]['seconds']:10.1f}" for s in stages))
-  if "es" in res and "grpo" in res:
-    ratio = res["grpo"]["stage_peak"] / res["es"]["stage_peak"]
-    verdict = "met" if ratio <= 1.0 else "missed"
-    print(f"\nratio peak RSS GRPO / ES stage: {ratio:.3f} (goal <= 1.00: {verdict})")
+  for i, s in enumerate(stages):
+    print(f"  [{i}] {s}")
+  print(f"\n{'':<24}" + "".join(f"{f'[{i}]':>10}" for i in range(len(stages))))
+  for label, key, unit in rows:
+    print(f"{label:<24}" + "".join(f"{res[s][key] / unit:10.1f}" for s in stages))
+  if "es" in res:
+    for s in [s for s in stages if s.split("@")[0] == "grpo"]:
+      ratio = res[s]["stage_peak"] / res["es"]["stage_peak"]
+      verdict = "met" if ratio <= 1.0 else "missed"
+      print(f"ratio peak RSS {s} / es: {ratio:.3f} (goal <= 1.00: {verdict})")
 
 
 if __name__ == "__main__":

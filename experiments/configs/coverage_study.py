@@ -44,6 +44,9 @@ def get_config(variant: str | None = None):
     )
   c = demo.get_config()
   c.unlock()
+  # The demo's settings when this study was measured (the demo has since changed them for speed).
+  c.eval.update(batch_size=72, periodic_limit=8, periodic_num_samples=4)
+  c.grpo.micro_batch_size = 16
   c.es.temperature = 0.6
   c.data.prompts_per_step = 8
   if name == "study":

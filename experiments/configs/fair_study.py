@@ -66,7 +66,7 @@ def get_config(variant: str | None = None):
     temperature=0.0,
     max_new_tokens=32,
   )
-  c.grpo.update(num_steps=30, num_generations=8, beta=0.001, max_new_tokens=32)
+  c.grpo.update(num_steps=30, num_generations=8, beta=0.001, max_new_tokens=32, micro_batch_size=16)
   c.eval.update(
     limit=128, num_samples=16, ks=(1, 2, 4, 8, 16), batch_size=68, every=0, max_new_tokens=32
   )
