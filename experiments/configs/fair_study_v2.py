@@ -61,14 +61,19 @@ def _arithmetic(terms: int, min_digits: int, max_digits: int) -> dict:
   return {**v1.BASIC_ARITHMETIC, **counts, "min_digits": min_digits, "max_digits": max_digits}
 
 
+def _chain_sum(terms: int, digits: int) -> dict:
+  return {"min_terms": terms, "max_terms": terms, "min_digits": digits, "max_digits": digits}
+
+
 # name -> (reasoning-gym task, generator options); the header's table measures each.
 CANDIDATES = {
   "a": ("reasoning_gym/basic_arithmetic", _arithmetic(2, 2, 2)),
   "b": ("reasoning_gym/basic_arithmetic", _arithmetic(3, 1, 2)),
-  "c": (
-    "reasoning_gym/chain_sum",
-    {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2},
-  ),
+  "c": ("reasoning_gym/chain_sum", _chain_sum(2, 2)),
+  "d": ("reasoning_gym/basic_arithmetic", _arithmetic(3, 1, 1)),
+  "e": ("reasoning_gym/basic_arithmetic", _arithmetic(4, 1, 1)),
+  "f": ("reasoning_gym/chain_sum", _chain_sum(3, 1)),
+  "g": ("reasoning_gym/chain_sum", _chain_sum(4, 1)),
 }
 CHOSEN = "a"  # a placeholder: no candidate has passed the choice rule yet (table above)
 
