@@ -32,7 +32,7 @@ one digit), which must be at least 10x the 1,856 problems used (16 x 100 steps +
 (measured 2026-12-07; length: mean generated tokens, nearly every completion is cut at the
 budget.) Earlier drafts gave a's space as 16,200 (chain_sum's two-digit count); it is 101^2 x 2.
 
-Choice rule (revised after measuring a-g, docs/results/fair_study_v2.md says how and why: the
+Choice rule (revised after measuring a, b, e, docs/results/fair_study_v2.md says how and why: the
 draft's Pass@1 >= 0.1 was reached by no candidate with a large enough space): among candidates
 whose space is at least 18,560 and whose base Pass@16 lies in [0.1, 0.9], the highest base
 Pass@1 (ties: the higher greedy): e.
