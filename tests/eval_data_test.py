@@ -12,7 +12,7 @@ from run_configs import smoke_config, with_fields
 
 from es_jax import data
 from experiments import config_check, eval_data, evaluate, model_io, report
-from experiments.configs import coverage_study, demo, fair_study
+from experiments.configs import coverage_study, demo, fair_study, fair_study_v2
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")
 # Every shipped config file and variant (tests/configs_test.py checks they build).
@@ -21,7 +21,7 @@ VARIANTS = {
   "demo": [None, "smoke"],
   "custom": [None, "smoke"],
   "fair_study": [None, "smoke"],
-  "fair_study_v2": [None, "smoke", "candidate_a", "candidate_b", "candidate_c"],
+  "fair_study_v2": [None, "smoke", *(f"candidate_{k}" for k in fair_study_v2.CANDIDATES)],
   "coverage_study": [None, "smoke", "zscore", "coverage", "zscore_smoke", "coverage_smoke"],
   "gsm8k_easy": [None, "smoke", "sweep", "forgetting", *EASY_MODELS],
   "deepscaler_hard": [None, "smoke", "forgetting"],
