@@ -320,7 +320,7 @@ def validate(config: Any) -> Any:
 
 def validate_section(section: Any, name: str) -> Any:
   """Checks the fields of one config section (`config.<name>`) with `schema()`'s rules, for the
-  entry points that take a section without a validated config (`es_runner.make_optimizer`,
+  entry points that take a section without a validated config (`es_runner.make_update_rule`,
   the TPU programs); the cross-field rules need the whole config (`validate`).
 
   Raises:

@@ -90,9 +90,9 @@ def test_non_finite_update_stops_before_checkpoint(tmp_path, monkeypatch):
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_non_finite_learning_rate_is_refused(method, value):
   cfg = _config(**{f"{method}__learning_rate": value})[method]
-  runner = es_runner if method == "es" else grpo_runner
+  make = es_runner.make_update_rule if method == "es" else grpo_runner.make_optimizer
   with pytest.raises(ValueError, match=rf"config\.{method}\.learning_rate=.*finite"):
-    runner.make_optimizer(cfg)
+    make(cfg)
 
 
 def _nan_scorer(monkeypatch):

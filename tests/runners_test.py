@@ -216,9 +216,9 @@ def test_split_budget_and_bad_values():
   with pytest.raises(ValueError, match="sequential.first_fraction"):
     sequential.split_budget(10, 1.0)
   with pytest.raises(ValueError, match="es.optimizer"):
-    es_runner.make_optimizer(_config(demo_config, es__optimizer="lion").es)
+    es_runner.make_update_rule(_config(demo_config, es__optimizer="lion").es)
   with pytest.raises(ValueError, match="sigma"):
-    es_runner.make_optimizer(_config(demo_config, es__sigma=-1.0).es)
+    es_runner.make_update_rule(_config(demo_config, es__sigma=-1.0).es)
 
 
 def _sequential_config():
