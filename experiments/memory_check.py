@@ -35,8 +35,8 @@ def check_fits(estimate: Estimate, chip: Chip, *, program: str, setting: str) ->
   if estimate.total > chip.hbm_bytes:
     raise ValueError(
       f"{program} needs about {estimate.total / GIB:.1f} GiB per chip (predicted by "
-      f"es_jax.memory_plan) but a {chip.name} has {chip.hbm_bytes / GIB:.1f} GiB: lower {setting} "
-      f"(or set config.mesh.check_memory=False to run anyway)."
+      f"es_jax.memory_plan) but a {chip.name} has {chip.hbm_bytes / GIB:.1f} GiB: "
+      f"lower {setting} (or set config.mesh.check_memory=False to run anyway)."
     )
 
 
