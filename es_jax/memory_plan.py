@@ -8,8 +8,9 @@ count the buffers that dominate each program (weights, per-member copies, the KV
 activations); `experiments/benchmarks/tpu_paper_configs.py --compare` prints predicted against
 compiled bytes (docs/tpu_plan.md has the table).
 
-Sizes are bytes per chip. `pop` and `model` are the mesh axes (es_jax.sharding): the population or
-batch is split over `pop`, large matrices over `model` (es_jax.sharding.leaf_spec).
+Sizes are bytes per chip. A program's `Split` names its share of the mesh axes (es_jax.sharding):
+the population or batch is split over `pop` devices, large matrices over `model`
+(es_jax.sharding.leaf_spec).
 """
 
 from __future__ import annotations
@@ -79,6 +80,26 @@ def chip_for_device(device: Any) -> Chip | None:
     stats = {}
   limit = int(stats.get("bytes_limit") or 0)
   return dataclasses.replace(chip, hbm_bytes=limit) if limit > 0 else chip
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """How a program is laid over the ('pop', 'model') mesh: its population or batch over `pop`
+  devices, its large matrices over `model` devices."""
+
+  pop: int = 1
+  model: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBatch:
+  """A batch the GRPO update trains on: `rows` sequences of `seq_len` tokens whose last
+  `completion_len` are the completion, in micro-batches of `micro_batch_size` rows."""
+
+  rows: int
+  seq_len: int
+  completion_len: int
+  micro_batch_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,15 +204,16 @@ def generate_estimate(
   rows: int,
   prompt_len: int,
   max_new_tokens: int,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
   param_dtype: str | None = None,
 ) -> Estimate:
-  """`sampling.generate` on `rows` prompts split over `pop` chips (eval sampling, GRPO rollout).
+  """`sampling.generate` on `rows` prompts split over `split.pop` chips (eval sampling, GRPO
+  rollout).
 
   `param_dtype`: the dtype the params arrive in (GRPO's float32 masters); generate casts them
   once to the compute dtype, a copy that stays live through the loop.
   """
+  pop, model = split.pop, split.model
   local = -(-rows // pop)
   out = local * max_new_tokens * (4 + 4 + 4 + 1) + 4 * local
   cast = 0 if _itemsize(param_dtype or c.dtype) == _itemsize(c.dtype) else param_bytes(c, model)
@@ -211,8 +233,7 @@ def population_estimate(
   prompt_len: int,
   max_new_tokens: int,
   rank: int | None = None,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
 ) -> Estimate:
   """`population.population_completions`: one chunk of M members decoding M x P rows per chip.
 
@@ -221,8 +242,8 @@ def population_estimate(
   their decode), plus the noise of the member being drawn (split as θ is).
   """
   M = members_per_chunk
-  n_local = population_size // pop
-  theta = param_bytes(c, model)
+  n_local = population_size // split.pop
+  theta = param_bytes(c, split.model)
   if rank is None:
     members = M * param_bytes(c) + theta
   else:
@@ -246,11 +267,12 @@ def es_update_estimate(
   *,
   population_size: int,
   optimizer: str = "sgd",
-  model: int = 1,
+  split: Split = Split(),
   chip: str = "",
 ) -> Estimate:
   """`experiments.es_runner._apply`: θ and the optimizer state, donated; the gradient is accumulated
   in float32 one leaf at a time, so the working set is a few float32 copies of the largest leaf."""
+  model = split.model
   theta = param_bytes(c, model)
   moments = 2 * param_bytes(c, model, "float32") if optimizer == "adam" else 0
   state = theta + moments
@@ -265,14 +287,10 @@ def es_update_estimate(
 
 def grpo_update_estimate(
   c: ModelConfig,
+  batch: TokenBatch,
   *,
-  rows: int,
-  seq_len: int,
-  completion_len: int,
-  micro_batch_size: int,
   with_reference: bool,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
   master_dtype: str | None = "float32",
   remat: bool = False,
 ) -> Estimate:
@@ -294,12 +312,15 @@ def grpo_update_estimate(
   compiled buffer assignments, docs/tpu_plan.md "Calibration").
   """
   L, cs = c.num_layers, _itemsize(c.dtype)
+  pop, model = split.pop, split.model
+  rows, seq_len, completion_len = batch.rows, batch.seq_len, batch.completion_len
+  m = batch.micro_batch_size
   master = master_dtype or c.dtype
   params = param_bytes(c, model, master)
   state = params + 2 * params  # masters + AdamW mu, nu (in the masters' dtype)
   local = rows // pop
-  batch = local * seq_len * (4 + 1 + 1 + 4) + 4 * local
-  m, S, T = micro_batch_size, seq_len, completion_len
+  inputs = local * seq_len * (4 + 1 + 1 + 4) + 4 * local
+  S, T = seq_len, completion_len
   heads = _split(c.num_kv_heads, model) * (c.num_heads // c.num_kv_heads)
   F, D, V = (_split(n, model) for n in (c.intermediate_size, c.hidden_size, c.vocab_size))
   saved = 1 if remat else L  # layers whose activations are alive at the backward's peak
@@ -316,7 +337,7 @@ def grpo_update_estimate(
     cast = param_bytes(c, model) + (_embed_bytes(c, model) if tied else 0)
   frozen = (2 if with_reference else 1) * local * completion_len * 4
   return Estimate(
-    argument=state + batch + (param_bytes(c, model) if with_reference else 0),
+    argument=state + inputs + (param_bytes(c, model) if with_reference else 0),
     output=state,
     alias=state,
     temp=grads + cast + attn + mlp + hidden + logits + frozen,

@@ -13,6 +13,8 @@ from es_jax.memory_plan import (
   PROMPT_LEN,
   Chip,
   Estimate,
+  Split,
+  TokenBatch,
   es_update_estimate,
   generate_estimate,
   grpo_update_estimate,
@@ -56,6 +58,7 @@ def predict(
   prompts = int(config.data.prompts_per_step)
   rows = prompts * int(grpo.num_generations)
   master = str(grpo.get("master_dtype", "float32") or "") or None
+  split = Split(pop, model)
   if program == "es_population":
     return population_estimate(
       c,
@@ -65,12 +68,11 @@ def predict(
       prompt_len=prompt_len,
       max_new_tokens=int(es.max_new_tokens),
       rank=int(es.rank) or None,
-      pop=pop,
-      model=model,
+      split=split,
     )
   if program == "es_update":
     return es_update_estimate(
-      c, population_size=int(es.population_size), optimizer=es.optimizer, model=model, chip=chip
+      c, population_size=int(es.population_size), optimizer=es.optimizer, split=split, chip=chip
     )
   if program == "eval":  # one chip, rows unsplit (as experiments.eval_sampler runs it)
     return generate_estimate(
@@ -82,21 +84,16 @@ def predict(
       rows=rows,
       prompt_len=prompt_len,
       max_new_tokens=int(grpo.max_new_tokens),
-      pop=pop,
-      model=model,
+      split=split,
       param_dtype=master,
     )
   if program == "grpo_update":
     T = int(grpo.max_new_tokens)
     return grpo_update_estimate(
       c,
-      rows=rows,
-      seq_len=prompt_len + T,
-      completion_len=T,
-      micro_batch_size=int(grpo.micro_batch_size),
+      TokenBatch(rows, prompt_len + T, T, int(grpo.micro_batch_size)),
       with_reference=float(grpo.beta) > 0,
-      pop=pop,
-      model=model,
+      split=split,
       master_dtype=master,
       remat=bool(grpo.get("remat", False)),
     )
