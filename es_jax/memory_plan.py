@@ -1,14 +1,16 @@
 """Per-chip memory of the project's programs, predicted without compiling (pure Python).
 
 `experiments.tpu_plan` compiles the programs for a TPU topology and reads the compiler's figures;
-this module predicts the same figures from the model config and the program settings, so runners
-can refuse a configuration that cannot fit before loading anything (`check_fits`). The formulas
+this module predicts the same figures from a `ModelConfig` and each program's sizes (plain
+numbers), so a run can refuse a configuration that cannot fit before loading anything
+(`experiments.memory_check` reads those sizes from an experiment config). The formulas
 count the buffers that dominate each program (weights, per-member copies, the KV cache, logits,
 activations); `experiments/benchmarks/tpu_paper_configs.py --compare` prints predicted against
 compiled bytes (docs/tpu_plan.md has the table).
 
-Sizes are bytes per chip. `pop` and `model` are the mesh axes (es_jax.sharding): the population or
-batch is split over `pop`, large matrices over `model` (es_jax.sharding.leaf_spec).
+Sizes are bytes per chip. A program's `Split` names its share of the mesh axes (es_jax.sharding):
+the population or batch is split over `pop` devices, large matrices over `model`
+(es_jax.sharding.leaf_spec).
 """
 
 from __future__ import annotations
@@ -53,14 +55,6 @@ DEVICE_KINDS = {
   "TPU v6 lite": "v6e",
   "TPU v6e": "v6e",
 }
-# Programs each experiment method runs (experiments.tpu_plan compiles the same).
-METHOD_PROGRAMS = {
-  "es": ("es_population", "es_update", "eval"),
-  "grpo": ("grpo_rollout", "grpo_update", "eval"),
-}
-METHOD_PROGRAMS["sequential"] = METHOD_PROGRAMS["demo"] = (
-  METHOD_PROGRAMS["es"] + METHOD_PROGRAMS["grpo"][:2]
-)
 PROMPT_LEN = 256  # padded prompt tokens assumed when the prompts are not known yet
 
 
@@ -86,6 +80,26 @@ def chip_for_device(device: Any) -> Chip | None:
     stats = {}
   limit = int(stats.get("bytes_limit") or 0)
   return dataclasses.replace(chip, hbm_bytes=limit) if limit > 0 else chip
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """How a program is laid over the ('pop', 'model') mesh: its population or batch over `pop`
+  devices, its large matrices over `model` devices."""
+
+  pop: int = 1
+  model: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenBatch:
+  """A batch the GRPO update trains on: `rows` sequences of `seq_len` tokens whose last
+  `completion_len` are the completion, in micro-batches of `micro_batch_size` rows."""
+
+  rows: int
+  seq_len: int
+  completion_len: int
+  micro_batch_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,15 +204,16 @@ def generate_estimate(
   rows: int,
   prompt_len: int,
   max_new_tokens: int,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
   param_dtype: str | None = None,
 ) -> Estimate:
-  """`sampling.generate` on `rows` prompts split over `pop` chips (eval sampling, GRPO rollout).
+  """`sampling.generate` on `rows` prompts split over `split.pop` chips (eval sampling, GRPO
+  rollout).
 
   `param_dtype`: the dtype the params arrive in (GRPO's float32 masters); generate casts them
   once to the compute dtype, a copy that stays live through the loop.
   """
+  pop, model = split.pop, split.model
   local = -(-rows // pop)
   out = local * max_new_tokens * (4 + 4 + 4 + 1) + 4 * local
   cast = 0 if _itemsize(param_dtype or c.dtype) == _itemsize(c.dtype) else param_bytes(c, model)
@@ -218,8 +233,7 @@ def population_estimate(
   prompt_len: int,
   max_new_tokens: int,
   rank: int | None = None,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
 ) -> Estimate:
   """`population.population_completions`: one chunk of M members decoding M x P rows per chip.
 
@@ -228,8 +242,8 @@ def population_estimate(
   their decode), plus the noise of the member being drawn (split as θ is).
   """
   M = members_per_chunk
-  n_local = population_size // pop
-  theta = param_bytes(c, model)
+  n_local = population_size // split.pop
+  theta = param_bytes(c, split.model)
   if rank is None:
     members = M * param_bytes(c) + theta
   else:
@@ -253,11 +267,12 @@ def es_update_estimate(
   *,
   population_size: int,
   optimizer: str = "sgd",
-  model: int = 1,
+  split: Split = Split(),
   chip: str = "",
 ) -> Estimate:
   """`experiments.es_runner._apply`: θ and the optimizer state, donated; the gradient is accumulated
   in float32 one leaf at a time, so the working set is a few float32 copies of the largest leaf."""
+  model = split.model
   theta = param_bytes(c, model)
   moments = 2 * param_bytes(c, model, "float32") if optimizer == "adam" else 0
   state = theta + moments
@@ -272,14 +287,10 @@ def es_update_estimate(
 
 def grpo_update_estimate(
   c: ModelConfig,
+  batch: TokenBatch,
   *,
-  rows: int,
-  seq_len: int,
-  completion_len: int,
-  micro_batch_size: int,
   with_reference: bool,
-  pop: int = 1,
-  model: int = 1,
+  split: Split = Split(),
   master_dtype: str | None = "float32",
   remat: bool = False,
 ) -> Estimate:
@@ -301,12 +312,15 @@ def grpo_update_estimate(
   compiled buffer assignments, docs/tpu_plan.md "Calibration").
   """
   L, cs = c.num_layers, _itemsize(c.dtype)
+  pop, model = split.pop, split.model
+  rows, seq_len, completion_len = batch.rows, batch.seq_len, batch.completion_len
+  m = batch.micro_batch_size
   master = master_dtype or c.dtype
   params = param_bytes(c, model, master)
   state = params + 2 * params  # masters + AdamW mu, nu (in the masters' dtype)
   local = rows // pop
-  batch = local * seq_len * (4 + 1 + 1 + 4) + 4 * local
-  m, S, T = micro_batch_size, seq_len, completion_len
+  inputs = local * seq_len * (4 + 1 + 1 + 4) + 4 * local
+  S, T = seq_len, completion_len
   heads = _split(c.num_kv_heads, model) * (c.num_heads // c.num_kv_heads)
   F, D, V = (_split(n, model) for n in (c.intermediate_size, c.hidden_size, c.vocab_size))
   saved = 1 if remat else L  # layers whose activations are alive at the backward's peak
@@ -323,110 +337,8 @@ def grpo_update_estimate(
     cast = param_bytes(c, model) + (_embed_bytes(c, model) if tied else 0)
   frozen = (2 if with_reference else 1) * local * completion_len * 4
   return Estimate(
-    argument=state + batch + (param_bytes(c, model) if with_reference else 0),
+    argument=state + inputs + (param_bytes(c, model) if with_reference else 0),
     output=state,
     alias=state,
     temp=grads + cast + attn + mlp + hidden + logits + frozen,
   )
-
-
-def check_fits(estimate: Estimate, chip: Chip, *, program: str, setting: str) -> None:
-  """Raises ValueError naming `setting` and the limit when `estimate` exceeds the chip's HBM."""
-  if estimate.total > chip.hbm_bytes:
-    raise ValueError(
-      f"{program} needs about {estimate.total / GIB:.1f} GiB per chip (predicted by "
-      f"es_jax.memory_plan) but a {chip.name} has {chip.hbm_bytes / GIB:.1f} GiB: lower {setting} "
-      f"(or set config.mesh.check_memory=False to run anyway)."
-    )
-
-
-def predict(
-  program: str,
-  config: Any,
-  model_config: ModelConfig,
-  *,
-  pop: int,
-  model: int,
-  prompt_len: int,
-  chip: str = "",
-) -> Estimate:
-  """The `Estimate` of one of experiments.tpu_plan's programs for an experiment config (`chip`:
-  a CHIPS key, for the chip-dependent terms)."""
-  c, es, grpo, ev = model_config, config.es, config.grpo, config.eval
-  prompts = int(config.data.prompts_per_step)
-  rows = prompts * int(grpo.num_generations)
-  master = str(grpo.get("master_dtype", "float32") or "") or None
-  if program == "es_population":
-    return population_estimate(
-      c,
-      population_size=int(es.population_size),
-      members_per_chunk=int(es.members_per_chunk),
-      num_prompts=prompts,
-      prompt_len=prompt_len,
-      max_new_tokens=int(es.max_new_tokens),
-      rank=int(es.rank) or None,
-      pop=pop,
-      model=model,
-    )
-  if program == "es_update":
-    return es_update_estimate(
-      c, population_size=int(es.population_size), optimizer=es.optimizer, model=model, chip=chip
-    )
-  if program == "eval":  # one chip, rows unsplit (as experiments.eval_sampler runs it)
-    return generate_estimate(
-      c, rows=int(ev.batch_size), prompt_len=prompt_len, max_new_tokens=int(ev.max_new_tokens)
-    )
-  if program == "grpo_rollout":
-    return generate_estimate(
-      c,
-      rows=rows,
-      prompt_len=prompt_len,
-      max_new_tokens=int(grpo.max_new_tokens),
-      pop=pop,
-      model=model,
-      param_dtype=master,
-    )
-  if program == "grpo_update":
-    T = int(grpo.max_new_tokens)
-    return grpo_update_estimate(
-      c,
-      rows=rows,
-      seq_len=prompt_len + T,
-      completion_len=T,
-      micro_batch_size=int(grpo.micro_batch_size),
-      with_reference=float(grpo.beta) > 0,
-      pop=pop,
-      model=model,
-      master_dtype=master,
-      remat=bool(grpo.get("remat", False)),
-    )
-  raise ValueError(f"memory_plan.predict: unknown program {program!r}")
-
-
-# The config field that shrinks each program (named in check_fits' errors).
-SETTINGS = {
-  "es_population": "config.es.members_per_chunk",
-  "es_update": "config.mesh.model",
-  "eval": "config.eval.batch_size",
-  "grpo_rollout": "config.data.prompts_per_step",
-  # The update's state (float32 masters, two moments) only shrinks by sharding it.
-  "grpo_update": "config.grpo.micro_batch_size or raise config.mesh.model (mesh.pop with it)",
-}
-
-
-def check_config_fits(
-  config: Any,
-  model_config: ModelConfig,
-  chip: Chip,
-  *,
-  programs: tuple[str, ...],
-  pop: int,
-  model: int = 1,
-  prompt_len: int = PROMPT_LEN,
-) -> None:
-  """Raises ValueError naming the config field of the first program predicted not to fit."""
-  for program in programs:
-    estimate = predict(
-      program, config, model_config, pop=pop, model=model, prompt_len=prompt_len, chip=chip.kind
-    )
-    check_fits(estimate, chip, program=program, setting=SETTINGS[program])

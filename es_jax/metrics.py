@@ -1,8 +1,8 @@
-"""Evaluation metrics: Pass@k, Maj@k, JS diversity, token entropy, drift and update sparsity.
+"""Evaluation metrics: Pass@k, Maj@k, JS diversity, drift and update sparsity.
 
-Counting metrics (`pass_at_k`, `maj_at_k`, `macro_average`) run on the host in float64 NumPy:
-they consume per-problem correctness counts. Array metrics on model outputs and parameters
-(`js_*`, `token_entropy`, `relative_drift`, `update_sparsity`, `threshold_update`) use `jax.numpy`,
+Counting metrics (`pass_at_k`, `maj_at_k`) run on the host in float64 NumPy: they consume
+per-problem correctness counts. Array metrics on model outputs and parameters
+(`js_*`, `relative_drift`, `update_sparsity`, `threshold_update`) use `jax.numpy`,
 accept NumPy or JAX inputs (pytrees for parameters) and are jittable.
 
 Axis letters: N population members, P prompts, S sampled sequences per member, B batch, T tokens.
@@ -10,7 +10,7 @@ References: Chen et al. 2021 (Pass@k); docs/method.md §5–7 (the study's defin
 """
 
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -95,27 +95,6 @@ def maj_at_k(
   if correct is not None:
     return float(bool(correct[first[winner]]))
   return float(winner == gold)
-
-
-def macro_average(scores: Mapping[str, Any]) -> dict[str, float]:
-  """Per-task mean over problems, and their unweighted ("macro") mean over tasks.
-
-  Args:
-    scores: task name → per-problem scores (e.g. `pass_at_k` output).
-
-  Returns:
-    {task: mean over its problems, ..., "macro": mean of the task means}.
-  """
-  out = {}
-  for name, values in scores.items():
-    values = np.asarray(values, np.float64)
-    if values.size == 0:
-      raise ValueError(f"macro_average: task {name!r} has no problems; drop it or add problems.")
-    out[name] = float(values.mean())
-  if "macro" in out:
-    raise ValueError("macro_average: 'macro' is reserved for the average; rename that task.")
-  out["macro"] = float(np.mean(list(out.values()))) if out else float("nan")
-  return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,20 +290,6 @@ def js_policy_diversity(loglik: jax.Array) -> jax.Array:
 
 # ---------------------------------------------------------------------------------------------
 # Token entropy, drift, sparsity (docs/method.md §7)
-
-
-def token_entropy(entropy: jax.Array, mask: jax.Array, *, eps: float = 1e-8) -> jax.Array:
-  """Mean full-distribution entropy per generated token: Σ H_bt m_bt / max(Σ m_bt, eps).
-
-  Args:
-    entropy: [B, T] per-token entropy of the sampling distribution (nats).
-    mask: [B, T] 1 for generated tokens, 0 for padding.
-  """
-  entropy = jnp.asarray(entropy, jnp.float32)
-  mask = jnp.asarray(mask, jnp.float32)
-  if entropy.shape != mask.shape:
-    raise ValueError(f"token_entropy: entropy {entropy.shape} and mask {mask.shape} differ.")
-  return jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), eps)
 
 
 def _leaves_pair(params: Any, base: Any, name: str) -> tuple[list, list]:

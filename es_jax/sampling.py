@@ -13,12 +13,10 @@ their completions end.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import math
 import operator
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -180,26 +178,6 @@ def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
   return pad_prompts(ids, pad_id=pad_id(tokenizer), bucket=bucket)
 
 
-# The platform programs are being compiled for, when that is not the host's (`target_platform`).
-_TARGET_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-  "es_jax_target_platform", default=None
-)
-
-
-@contextlib.contextmanager
-def target_platform(platform: str) -> Iterator[None]:
-  """Within the block, `default_unroll_layers()` answers for `platform` ("tpu", "cpu", ...).
-
-  For compiling for devices other than the host's (e.g. a TPU topology on a CPU-only machine,
-  `experiments.tpu_plan`) through functions that do not take a mesh, such as GRPO's rollout.
-  """
-  token = _TARGET_PLATFORM.set(str(platform))
-  try:
-    yield
-  finally:
-    _TARGET_PLATFORM.reset(token)
-
-
 def _platform_of(mesh_or_devices) -> str | None:
   if mesh_or_devices is None:
     return None
@@ -212,11 +190,11 @@ def default_unroll_layers(mesh_or_devices=None) -> bool:
   """`generate`'s default for `unroll_layers`: on when the target devices are CPUs.
 
   The target is the platform of `mesh_or_devices` (a `Mesh` or a sequence of devices) when
-  given, else the one set by `target_platform`, else the default backend. The decision follows
+  given, else the default backend. The decision follows
   the devices the program runs on, not the host: a CPU host compiling for a TPU mesh gets the
   TPU layout (scanned layers).
   """
-  platform = _platform_of(mesh_or_devices) or _TARGET_PLATFORM.get() or jax.default_backend()
+  platform = _platform_of(mesh_or_devices) or jax.default_backend()
   return platform == "cpu"
 
 

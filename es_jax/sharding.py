@@ -132,11 +132,6 @@ def _multi_process_env(env: dict[str, str]) -> bool:
   return False
 
 
-def replicated(mesh: Mesh) -> NamedSharding:
-  """Sharding that keeps a full copy on every device of ``mesh``."""
-  return NamedSharding(mesh, PartitionSpec())
-
-
 def leaf_spec(shape: Sequence[int], model: int, *, min_size: int = 2**18) -> PartitionSpec:
   """Partition spec of one parameter: replicated, or one matrix axis split over ``'model'``.
 

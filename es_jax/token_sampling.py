@@ -78,21 +78,13 @@ def _nucleus_threshold(probs: jax.Array, top_p: jax.Array) -> jax.Array:
   return jax.lax.bitcast_convert_type(lo, jnp.float32)
 
 
-def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
-  """Draws one token per row. logits [B, V] float32 -> [B] int32.
+def sample_from_uniform(logits, u, temperature, top_p, *, use_top_p: bool):
+  """Draws one token per row from the rows' uniforms: logits [B, V], u [B] in [0, 1) -> [B] int32.
 
   Greedy where temperature == 0. Otherwise an exact inverse-CDF draw with one uniform per row
-  (much cheaper than `jax.random.categorical`'s Gumbel noise over a large vocabulary): row b
-  uses ``uniform(key, [B])[b]`` (`sample_from_uniform`). With top-p, the smallest set of most
-  likely tokens whose mass reaches `top_p` is kept (found by bisection on a probability
-  threshold, not a sort of the vocabulary).
-  """
-  u = jax.random.uniform(key, logits.shape[:-1])
-  return sample_from_uniform(logits, u, temperature, top_p, use_top_p=use_top_p)
-
-
-def sample_from_uniform(logits, u, temperature, top_p, *, use_top_p: bool):
-  """`sample_token` with the rows' uniforms given: logits [B, V], u [B] in [0, 1) -> [B] int32.
+  (much cheaper than `jax.random.categorical`'s Gumbel noise over a large vocabulary). With top-p,
+  the smallest set of most likely tokens whose mass reaches `top_p` is kept (found by bisection on
+  a probability threshold, not a sort of the vocabulary).
 
   A row's token depends only on its own logits and uniform, so a decode loop may reorder or drop
   rows and keep each row's draws."""

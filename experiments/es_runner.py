@@ -169,18 +169,6 @@ def make_update_rule(
   return UpdateRule(spec, cfg.shaping, bool(sharded), cfg.optimizer)
 
 
-def make_optimizer(
-  cfg: ml_collections.ConfigDict,
-  *,
-  sharded: bool = False,
-  spec: noise.NoiseSpec | None = None,
-) -> optax.GradientTransformationExtraArgs:
-  """es_gradient followed by sgd(α) (the paper) or adam(α) at ``config.es.learning_rate``: the
-  ``make_update_rule`` chain as one optax transformation."""
-  rule = make_update_rule(cfg, sharded=sharded, spec=spec)
-  return rule(float(cfg.learning_rate))
-
-
 def master_weights(params, master_dtype: str, compute_dtype) -> Any:
   """The weights ES updates, in `es.master_dtype`: float32 masters ("float32"), or the model's
   own compute dtype ("": `UpdateRule.apply` rounds the update to it once, or, in es.arithmetic's

@@ -16,7 +16,15 @@ import ml_collections
 
 from es_jax import memory_plan, models, sampling
 from es_jax import sharding as sharding_lib
-from experiments import config_check, eval_data, eval_resume, evaluate, model_io, run_data
+from experiments import (
+  config_check,
+  eval_data,
+  eval_resume,
+  evaluate,
+  memory_check,
+  model_io,
+  run_data,
+)
 from experiments.config_check import check
 from experiments.progress import format_seconds
 
@@ -71,11 +79,11 @@ def check_memory(
   if chip is None:
     log.warning("mesh.check_memory: unknown TPU %r, memory not checked", device.device_kind)
     return
-  memory_plan.check_config_fits(
+  memory_check.check_config_fits(
     config,
     model_config,
     chip,
-    programs=memory_plan.METHOD_PROGRAMS[config.method],
+    programs=memory_check.METHOD_PROGRAMS[config.method],
     pop=int(mesh.shape["pop"]),
     model=int(mesh.shape["model"]),
     prompt_len=prompt_len,

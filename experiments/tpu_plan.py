@@ -31,9 +31,9 @@ from typing import Any
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # parallel planners share libtpu
 
 from es_jax import memory_plan  # noqa: E402
-from experiments import config_check, run_cost, tpu_programs  # noqa: E402
+from experiments import config_check, memory_check, run_cost, tpu_programs  # noqa: E402
 
-PROGRAMS = memory_plan.METHOD_PROGRAMS
+PROGRAMS = memory_check.METHOD_PROGRAMS
 EXIT_FITS, EXIT_TOO_BIG, EXIT_BAD_INPUT, EXIT_COMPILE_ERROR = 0, 1, 2, 3
 # The setting that shrinks each program's memory, named in verdicts.
 SETTING = {

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from es_jax import memory_plan, models
-from experiments import run_context, tpu_programs
+from experiments import memory_check, run_context, tpu_programs
 
 CONFIG = "experiments/configs/gsm8k_easy.py"
 # (topology, preset, program, overrides, compiled temp bytes, compiled total bytes): per chip,
@@ -54,7 +54,7 @@ def _predict(topology, preset, program, overrides):
   config = tpu_programs.load_config(path, overrides)
   model = int(config.mesh.model)
   pop = int(config.mesh.pop) or 8 // model  # the topologies above have 8 devices
-  return memory_plan.predict(
+  return memory_check.predict(
     program,
     config,
     models.get_config(preset),

@@ -1,4 +1,5 @@
-"""Tests for es_jax.metrics: exact binomial references, hand-computed goldens, toy policies."""
+"""Tests for es_jax.metrics: exact binomial references, hand-computed goldens, toy policies; and
+the macro average and token entropy as the runs compute them."""
 
 import itertools
 import math
@@ -9,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from es_jax import metrics
+from es_jax import grpo_rollout, metrics
+from es_jax.sampling import Completions
+from experiments import eval_results
 
 LN2 = math.log(2.0)
 
@@ -80,11 +83,17 @@ def test_maj_at_k_argument_errors():
     metrics.maj_at_k(["1"], k=2, gold="1")
 
 
-def test_macro_average():
-  out = metrics.macro_average({"a": [1.0, 0.0], "b": [1.0, 1.0, 1.0, 0.0]})
-  assert out == {"a": 0.5, "b": 0.75, "macro": 0.625}
-  with pytest.raises(ValueError, match="'c' has no problems"):
-    metrics.macro_average({"c": []})
+def test_macro_average_of_task_summaries():
+  """The macro average as evaluation writes it (experiments.eval_results.macro): the unweighted
+  mean of the task means, problem counts summed, curves cut to the shortest."""
+  a = {"num_problems": 2, "pass@1": 0.5, "pass_at_k_curve": {"k": [1, 2], "value": [0.5, 0.6]}}
+  b = {"num_problems": 4, "pass@1": 0.75, "pass_at_k_curve": {"k": [1], "value": [0.75]}}
+  out = eval_results.macro({"a": a, "b": b})
+  assert out["pass@1"] == pytest.approx(0.625)  # not the pooled 4/6 over problems
+  assert out["num_problems"] == 6
+  assert out["pass_at_k_curve"] == {"k": [1], "value": [pytest.approx(0.625)]}
+  with pytest.raises(ValueError, match="no task summaries"):
+    eval_results.macro({})
 
 
 # ------------------------------------------------------------------------------------ diversity
@@ -161,12 +170,16 @@ def test_js_policy_monte_carlo_converges_to_enumeration_and_bounds_js_success():
 # ------------------------------------------------------------------------ entropy, drift, sparsity
 
 
-def test_token_entropy_masked_mean_under_jit():
+def test_rollout_entropy_is_the_masked_mean_per_generated_token():
+  """The token entropy GRPO logs (es_jax.grpo_rollout.rollout_stats, jitted): padding left out."""
   entropy = jnp.array([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
-  mask = jnp.array([[1, 1, 0], [1, 0, 0]])
-  assert float(metrics.token_entropy(entropy, mask)) == pytest.approx(2.0)
-  assert float(jax.jit(metrics.token_entropy)(entropy, mask)) == pytest.approx(2.0)
-  assert float(metrics.token_entropy(entropy, jnp.zeros_like(mask))) == 0.0
+  mask = jnp.array([[1, 1, 0], [1, 0, 0]], bool)
+  tokens = jnp.zeros((2, 3), jnp.int32)
+  lengths = mask.sum(-1).astype(jnp.int32)
+  done = Completions(tokens, jnp.zeros_like(entropy), entropy, mask, lengths)
+  assert float(grpo_rollout.rollout_stats(done)["rollout_entropy"]) == pytest.approx(2.0)
+  empty = done._replace(mask=jnp.zeros_like(mask), lengths=jnp.zeros_like(lengths))
+  assert float(grpo_rollout.rollout_stats(empty)["rollout_entropy"]) == 0.0
 
 
 def test_relative_drift_golden():

@@ -7,9 +7,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_update, noise, population, sampling, sharding
+from es_jax import es, grpo_update, noise, population, sampling
 
 CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5
@@ -37,7 +38,7 @@ def flat(tree, prefix: str = "") -> dict[str, np.ndarray]:
 
 def es_step(mesh, calls: list) -> dict[str, np.ndarray]:
   """evaluate + es_gradient/sgd; `calls` collects the members this process scored."""
-  p = jax.device_put(params(), sharding.replicated(mesh))
+  p = jax.device_put(params(), NamedSharding(mesh, PartitionSpec()))  # replicated
   ids = np.random.RandomState(3).randint(0, CONFIG.vocab_size, (2, 4)).astype(np.int32)
   step_key = jax.random.key(5)
 

@@ -10,8 +10,14 @@ from es_jax.token_sampling import (
   _nucleus_threshold,
   argmax,
   logprob_and_entropy,
-  sample_token,
+  sample_from_uniform,
 )
+
+
+def sample_token(logits, key, temperature, top_p, *, use_top_p: bool):
+  """One uniform per row drawn from `key`, then the decode loop's sampler (logits [B, V])."""
+  u = jax.random.uniform(key, logits.shape[:-1])
+  return sample_from_uniform(logits, u, temperature, top_p, use_top_p=use_top_p)
 
 
 def test_temperature_sampling_matches_softmax():

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from es_jax.data import prompts
+from es_jax.data.examples import DataSmallerThanLimitWarning, TaskExamples
 from es_jax.data.readers import BadRowError, FieldError, arrow_dataset_files, read_rows
 
 log = logging.getLogger(__name__)
@@ -193,7 +194,7 @@ def load_file_task(
     on_bad_row: "raise" (BadRowError naming file, line and field) or "skip" (counted).
 
   Returns:
-    A `TaskExamples` (es_jax.data) with task "file".
+    A `TaskExamples` (es_jax.data.examples) with task "file".
 
   Raises:
     FileNotFoundError: no such file.
@@ -201,8 +202,6 @@ def load_file_task(
     ValueError: a file without a single good row, an unsupported file type or a bad prompt
       template.
   """
-  from es_jax.data import DataSmallerThanLimitWarning, TaskExamples
-
   if on_bad_row not in ("raise", "skip"):
     raise ValueError(f"load_file_task: on_bad_row must be 'raise' or 'skip', got {on_bad_row!r}")
   if not (os.path.isfile(path) or os.path.isdir(path)):

@@ -22,6 +22,7 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any, NamedTuple
 
 from es_jax.data import gym
+from es_jax.data.examples import TaskExamples
 
 DRAWS_PER_PROBLEM = 20  # draw_disjoint's default bound: this many draws per problem asked for
 MIN_DRAWS = 2000  # ... and never fewer (a small limit still searches a small space fully)
@@ -143,8 +144,6 @@ def draw_disjoint(
     TaskSpaceTooSmallError: fewer than `limit` such problems in `max_draws` items.
     ValueError: not a reasoning-gym task, a bad limit, or what `load_task` refuses.
   """
-  from es_jax.data import TaskExamples  # the package imports this module
-
   if not gym.is_gym_task(name):
     raise ValueError(f"draw_disjoint: {name!r} is not a reasoning_gym/<task> task")
   if limit < 1:

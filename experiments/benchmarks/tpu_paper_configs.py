@@ -14,7 +14,7 @@ import json
 import time
 
 from es_jax import memory_plan
-from experiments import tpu_plan, tpu_programs
+from experiments import memory_check, tpu_plan, tpu_programs
 
 CONFIGS = "experiments/configs/"
 CASES = {  # name: (config, topology, overrides, programs or None for the method's)
@@ -33,7 +33,7 @@ def run_case(name: str, step_cost: bool) -> list[dict]:
   setup_mesh = results[0]["settings"]
   cfg = tpu_programs.model_config_for(config.model)
   for r in results:
-    est = memory_plan.predict(
+    est = memory_check.predict(
       r["program"],
       config,
       cfg,
