@@ -33,7 +33,7 @@ def get_config(variant: str | None = None):
   c.eval.ks = (1, 2, 4, 8)
   c.eval.max_new_tokens = 32
   # 32 rows: the greedy batch holds the 32 problems without padding rows, and the sampled batches
-  # are the GRPO rollout's shape (4 prompts x 8), so both run one compiled program.
+  # have the GRPO rollout's shape (4 prompts x 8), so the two can share a compiled program.
   c.eval.batch_size = 32
   # No periodic evaluation (every = 0): the report shows the final evaluations only, and each
   # run's evaluation before training would repeat the base model's.
