@@ -107,6 +107,7 @@ def _nan_scorer(monkeypatch):
   monkeypatch.setattr(run_data, "make_scorer", all_nan)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["es", "grpo"])
 def test_all_non_finite_rewards_stop_before_the_update(tmp_path, monkeypatch, method):
   _nan_scorer(monkeypatch)
@@ -120,6 +121,7 @@ def test_all_non_finite_rewards_stop_before_the_update(tmp_path, monkeypatch, me
   assert not os.path.exists(tmp_path / "DONE")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["es", "grpo"])
 def test_update_ratio_is_logged_and_a_huge_one_stops_the_run(tmp_path, method):
   steps = {f"{method}__num_steps": 2, "checkpoint__every": 1}

@@ -51,6 +51,7 @@ def _trajectory(method: str, workdir: str) -> dict:
   return {"steps": steps, "distance_from_base": distance}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", sorted(RUNNERS))
 def test_smoke_trajectory_matches_the_golden_record(method, tmp_path):
   got = _trajectory(method, str(tmp_path))

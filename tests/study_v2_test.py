@@ -5,6 +5,7 @@ import json
 import os
 
 import numpy as np
+import pytest
 from run_configs import smoke_config
 
 from experiments import calibration, fair_study, study_rules, study_tuning
@@ -45,6 +46,7 @@ def test_the_calibration_grid_grows_until_sigma_is_interior_with_a_measurable_wi
   )
 
 
+@pytest.mark.slow
 def test_study_v2_smoke_end_to_end(tmp_path, monkeypatch):
   config = smoke_config(v2_config, fair__preregistration="abc1234")
   fired = []

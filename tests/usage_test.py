@@ -128,6 +128,7 @@ PARITY = (
 )
 
 
+@pytest.mark.slow
 def test_cpu_variant_trains_with_the_naming_overrides(tmp_path):
   model_dir = tmp_path / "my-model"
   torch_model("llama").save_pretrained(model_dir)

@@ -257,6 +257,7 @@ def test_verbosity_1_shows_the_rewards_traceback(files, tmp_path):
   assert "The reward's traceback" in out.stderr and "1 / 0" in out.stderr
 
 
+@pytest.mark.slow
 def test_a_reward_breaking_the_contract_mid_run_ends_it_non_zero(files, tmp_path):
   out = _main(files, tmp_path / "run", "hostile.py:late_text")
   line = _error_line(out)
@@ -265,6 +266,7 @@ def test_a_reward_breaking_the_contract_mid_run_ends_it_non_zero(files, tmp_path
   assert "returned '1.0' (str)" in line and not (tmp_path / "run" / "DONE").exists()
 
 
+@pytest.mark.slow
 def test_a_mutating_reward_cannot_change_the_examples_of_a_run(files, tmp_path):
   # Each prompt of the step is scored for every one of the 4 population members, on one example
   # dict: a cleared example reaching a later call would score NaN and end the run.
