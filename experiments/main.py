@@ -5,24 +5,25 @@
     python -m experiments.main --config experiments/configs/NAME.py --help_config
 
 `--help_config` prints every key of the config (value, allowed values, meaning) and exits.
-Compiled programs are kept in JAX's persistent compilation cache (experiments.compile_cache;
+Compiled programs are kept in JAX's persistent compilation cache (experiments.infra.compile_cache;
 ~/.cache/es_jax/jax by default), so a rerun or a later stage loads them instead of compiling;
 `--compile_cache=DIR` moves it, `--compile_cache=` turns it off.
 `config.method` picks the runner from `experiments.configs.base.METHODS` (each module exposes
 `run(config, workdir)`). The config is locked and validated once, before anything is loaded
-(`experiments.config_check`, from each field's declaration in `experiments.fields`): an unknown
+(`experiments.schema.check`, from each field's declaration in `experiments.fields`): an unknown
 key, a value of the wrong type or out of range is refused in one line `error: ...` naming the
 dotted field (exit status 2, no traceback); so are missing files, bad data, a user's reward
 that breaks its contract (docs/usage.md; at the check before the model loads or at any later
 call), a workdir that holds another method's run and a run that
-stopped because it cannot be learning (`experiments.run_guard`: non-finite rewards or weights, an
+stopped because it cannot be learning (`experiments.runners.run_guard`: non-finite rewards or
+weights, an
 update too large). The data and evaluation files and the reward are checked before the model
 loads. `--dry_run` prints the planned work (completions to generate, an estimated time), loads
 the model and the data, then exits 0 without training. Rerunning the same command resumes from
 the newest checkpoint in DIR; a SIGTERM at any moment (startup, a step, the final evaluation)
-saves what was done and exits 0 (`es_jax.preemption.sigterm_scope`, one flag for the whole
-command); a second run on a DIR in use is refused (`experiments.workdir_lock`). On a multi-host
-TPU slice run the same command on every worker (jax.distributed joins them).
+saves what was done and exits 0 (`es_jax.persist.preemption.sigterm_scope`, one flag for the whole
+command); a second run on a DIR in use is refused (`experiments.infra.workdir_lock`). On a
+multi-host TPU slice run the same command on every worker (jax.distributed joins them).
 
 Output: one line per phase and per step (step, training reward, s/step, ETA) and progress lines
 during the final evaluation; libraries (Orbax, JAX, absl) log warnings only. `--verbosity=1` shows
@@ -44,8 +45,8 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from experiments.config_errors import ConfigError
-from experiments.workdir_lock import WorkdirLock, WorkdirLockedError
+from experiments.infra.workdir_lock import WorkdirLock, WorkdirLockedError
+from experiments.schema.errors import ConfigError
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config",
@@ -126,7 +127,7 @@ def _broken_config_file(argv: list[str], e: BaseException) -> str:
 
 def _unknown_override(argv: list[str], missing: str) -> str:
   """One line for an override naming a key the config lacks (`missing`: the failing leaf)."""
-  from experiments import config_check
+  from experiments.schema import check as config_check
 
   spec = _config_spec(argv)
   overrides = [a[len("--config.") :].split("=", 1)[0] for a in argv if a.startswith("--config.")]
@@ -216,7 +217,9 @@ def dry_run(config, workdir: str) -> dict:
   import jax
 
   from es_jax import models
-  from experiments import config_check, evaluate, model_io, run_context, run_data, work_plan
+  from experiments.evaluation import evaluate
+  from experiments.runners import model_io, run_context, run_data, work_plan
+  from experiments.schema import check as config_check
 
   t0 = time.perf_counter()
   if config.method == "evaluate":  # the training pool only to exclude its prompts
@@ -251,14 +254,14 @@ def main(argv) -> None:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   setup_logging(flags.FLAGS.verbosity)
   if _HELP_CONFIG.value:
-    from experiments import config_docs
+    from experiments.schema import docs as config_docs
 
     print(config_docs.describe(_CONFIG.value))
     return
   if not _WORKDIR.value:
     user_error("--workdir is required: the run directory (local or gs://).")
-  from es_jax import preemption
-  from experiments import compile_cache
+  from es_jax.persist import preemption
+  from experiments.infra import compile_cache
 
   cache = _COMPILE_CACHE.value
   cache = compile_cache.enable(compile_cache.default_dir() if cache is None else cache)
@@ -276,11 +279,13 @@ def main(argv) -> None:
 
 
 def _main() -> dict:
-  from es_jax import sharding
+  from es_jax.devices import sharding
   from es_jax.rewards import RewardError
-  from experiments import config_check
   from experiments.configs.base import METHODS
-  from experiments.run_guard import RunDivergedError  # a run that cannot be learning: one line
+
+  # a run that cannot be learning: one line
+  from experiments.runners.run_guard import RunDivergedError
+  from experiments.schema import check as config_check
 
   try:
     sharding.initialize_distributed()

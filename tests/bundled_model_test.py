@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from tiny_models import torch_logits
 
+from es_jax.decode.sampling import Decoding, generate, pad_prompts
 from es_jax.models import load_default
 from es_jax.models.gguf_loader import default_gguf_path
-from es_jax.sampling import Decoding, generate, pad_prompts
 
 pytestmark = pytest.mark.slow  # loading and compiling the 30-layer model takes tens of seconds
 

@@ -1,4 +1,4 @@
-"""Tests for es_jax.checkpoint: bit-exact round trips, keep-N, atomicity, corruption."""
+"""Tests for es_jax.persist.checkpoint: bit-exact round trips, keep-N, atomicity, corruption."""
 
 import os
 import shutil
@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 
-from es_jax.checkpoint import (
+from es_jax.persist.checkpoint import (
   Checkpointer,
   CorruptCheckpointError,
   CorruptCheckpointWarning,

@@ -1,5 +1,5 @@
-"""experiments.compile_cache: where the CLI's persistent compilation cache lives, that a second
-process loads what the first compiled, and the compile-seconds counter."""
+"""experiments.infra.compile_cache: where the CLI's persistent compilation cache lives, that a
+second process loads what the first compiled, and the compile-seconds counter."""
 
 import json
 import os
@@ -10,14 +10,14 @@ import tempfile
 import jax
 import jax.numpy as jnp
 
-from experiments import compile_cache
+from experiments.infra import compile_cache
 
 # A fresh process: turns the cache on in argv[1], compiles one program, prints what JAX reported.
 _CHILD = """
 import json, sys
 import jax, jax.numpy as jnp
 from jax import monitoring
-from experiments import compile_cache
+from experiments.infra import compile_cache
 events = []
 monitoring.register_event_listener(lambda name, **kw: events.append(name))
 compile_cache.enable(sys.argv[1])

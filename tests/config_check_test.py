@@ -1,4 +1,4 @@
-"""Tests for experiments.config_check and the CLI's one-line errors: every field checked when the
+"""Tests for experiments.schema.check and the CLI's one-line errors: every field checked when the
 config is loaded, unknown keys with close matches, a workdir holding another method's run."""
 
 import dataclasses
@@ -11,9 +11,12 @@ import ml_collections
 import pytest
 from run_configs import with_fields
 
-from experiments import config_check, config_docs, fields, main, model_io, run_context
+from experiments import fields, main
 from experiments.configs import base, coverage_study, deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
+from experiments.runners import model_io, run_context
+from experiments.schema import check as config_check
+from experiments.schema import docs as config_docs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,7 +76,7 @@ def test_cross_field_rules():
   smoke = demo_config.get_config("smoke")
   for overrides, name in (
     (dict(es__antithetic=True, es__population_size=5), "config.es.population_size=5"),
-    # es_jax.noise.NoiseSpec's own rules, naming the config field
+    # es_jax.es.noise.NoiseSpec's own rules, naming the config field
     (
       dict(es__master_dtype="", es__arithmetic="bf16_shared_noise", es__rank=4),
       r"config.es.arithmetic='bf16_shared_noise' needs materialised weights; .*\(rank=4\)",
@@ -125,7 +128,7 @@ def test_model_overrides_are_honoured_or_refused(config):
 
 
 def test_periodic_evaluation_reports_only_the_ks_its_samples_allow():
-  from experiments import evaluate
+  from experiments.evaluation import evaluate
 
   config = demo_config.get_config()  # ks (1, 2, 4, 8), periodic n = 4
   evaluator = object.__new__(evaluate.Evaluator)
@@ -138,7 +141,7 @@ def test_runners_validate_before_loading(monkeypatch):
   def no_loading(*args, **kwargs):
     raise AssertionError("the model was loaded before the config was checked")
 
-  from experiments import es_runner, grpo_runner
+  from experiments.runners import es_runner, grpo_runner
 
   monkeypatch.setattr(model_io, "load_model", no_loading)
   config = _with(demo_config.get_config("smoke"), method="es", es__shaping="bogus")
@@ -341,8 +344,8 @@ def test_resuming_another_methods_checkpoints_without_config_json_is_one_line(tm
 
   import jax.numpy as jnp
 
-  from es_jax.checkpoint import Checkpointer
-  from experiments import train_loop
+  from es_jax.persist.checkpoint import Checkpointer
+  from experiments.runners import train_loop
 
   ckpt_dir = tmp_path / "checkpoints"
   es_state = {"params": {"w": jnp.ones((2,))}, "opt_state": {"mu": jnp.zeros((2,))}}
@@ -394,7 +397,7 @@ def test_printed_config_shows_only_the_groups_the_method_reads():
 def test_a_config_is_checked_once_and_again_when_changed(monkeypatch):
   """validate remembers a config that passed by its content: main's call and the runner's cost
   one check; a changed config is checked again."""
-  from experiments import config_rules
+  from experiments.schema import rules as config_rules
 
   calls = []
   real = config_rules.cross_checks
@@ -411,8 +414,8 @@ def test_a_config_is_checked_once_and_again_when_changed(monkeypatch):
 
 def test_runners_read_the_allowed_names_from_the_config_layer():
   """demo.RUNS and the schema's demo.runs are the same names (one declaration, in choices)."""
-  from experiments import demo
   from experiments.configs import choices
+  from experiments.studies import demo
 
   assert tuple(demo.RUNS) == tuple(choices.DEMO_RUNS)
   assert all(demo.RUNS[n][0] == choices.DEMO_RUNS[n][0] for n in demo.RUNS)

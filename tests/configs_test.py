@@ -7,8 +7,9 @@ import re
 
 import pytest
 
-from experiments import config_check, tpu_programs
 from experiments.configs import base, deepscaler_hard, gsm8k_easy
+from experiments.schema import check as config_check
+from experiments.tpu import programs as tpu_programs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "method.md")
@@ -192,7 +193,7 @@ def test_variant_tables_cover_every_model_sweep_and_forgetting():
 @pytest.mark.parametrize("model", EASY_MODELS)
 def test_model_variants_name_their_architecture(model):
   config = gsm8k_easy.get_config(model)
-  # Without a local config.json the path's basename picks the preset (experiments.tpu_programs).
+  # Without a local config.json the path's basename picks the preset (experiments.tpu.programs).
   got = tpu_programs.model_config_for(config.model)
   from es_jax import models
 

@@ -55,7 +55,7 @@ def pytest_configure(config):
   is written to the user's cache) and is removed when the session ends.
   """
   path = _session_cache(config)
-  os.environ["ES_JAX_COMPILE_CACHE"] = path  # experiments.compile_cache, for CLI subprocesses
+  os.environ["ES_JAX_COMPILE_CACHE"] = path  # experiments.infra.compile_cache, for CLI subprocesses
   jax.config.update("jax_compilation_cache_dir", path)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)

@@ -268,7 +268,7 @@ def test_countdown_integer_beyond_int64_is_a_bad_field(tmp_path):
 
 
 def test_on_bad_row_from_the_config_section(tmp_path):
-  from experiments import run_data
+  from experiments.runners import run_data
 
   write(tmp_path / "src/test.jsonl", jsonl([GSM8K_ROWS[0], {"question": "q"}, GSM8K_ROWS[1]]))
   section = {
@@ -278,7 +278,7 @@ def test_on_bad_row_from_the_config_section(tmp_path):
     "source_dir": str(tmp_path / "src"),
     "on_bad_row": "raise",
   }
-  from experiments import config_check
+  from experiments.schema import check as config_check
 
   with pytest.raises(config_check.ConfigError, match=r"config\.data: .*line 2") as raised:
     run_data.load_examples(section, "data")

@@ -11,10 +11,10 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import es_jax_port, torch_model
 
-from es_jax import decode_loop
-from es_jax.decode_loop import decode
-from es_jax.member_axes import Member
-from es_jax.sampling import Decoding, generate, generate_members, pad_prompts, resolved
+from es_jax.decode import loop as decode_loop
+from es_jax.decode.loop import decode
+from es_jax.decode.sampling import Decoding, generate, generate_members, pad_prompts, resolved
+from es_jax.es.member_axes import Member
 
 
 @functools.cache

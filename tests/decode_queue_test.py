@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from tiny_models import es_jax_port, torch_model
 
-from es_jax import decode_loop, sampling
-from es_jax.decode_queue import decode_queue, generate_queue
-from es_jax.sampling import Decoding, generate, pad_prompts
+from es_jax.decode import loop as decode_loop
+from es_jax.decode import sampling
+from es_jax.decode.queue import decode_queue, generate_queue
+from es_jax.decode.sampling import Decoding, generate, pad_prompts
 
 PROMPTS = [[5, 17, 99, 3], [42, 7], [1, 2, 3, 4, 5, 6, 7], [9, 9], [200, 3, 3], [64], [3, 1]]
 PROMPTS += [[8, 8, 8], [100, 2], [77, 12, 13]]  # W = 10 work items

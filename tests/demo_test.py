@@ -1,10 +1,11 @@
-"""experiments.demo's overall ETA and report header (the demo run itself: runners_test)."""
+"""experiments.studies.demo's overall ETA and report header (the demo run itself: runners_test)."""
 
 from report_test import PROBLEMS, _write_eval
 from run_configs import with_fields
 
-from experiments import demo, eval_results
 from experiments.configs import custom
+from experiments.evaluation import results as eval_results
+from experiments.studies import demo
 
 
 def test_clock_eta_is_steps_left_at_the_measured_pace_plus_an_evaluation_each(monkeypatch):

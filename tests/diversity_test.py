@@ -11,8 +11,9 @@ import optax
 import pytest
 from ml_collections import ConfigDict
 
-from es_jax import es as es_lib
-from es_jax import fitness, metrics
+from es_jax import metrics
+from es_jax.es import fitness
+from es_jax.es import gradient as es_lib
 
 
 def _entropy(p):
@@ -98,8 +99,8 @@ def test_coverage_weights_by_hand():
 
 def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():
   # Toy: prompt p is solved with reward sigmoid(10 θ_p); every prompt improves with θ.
-  from es_jax import noise
-  from es_jax.members import perturb_member
+  from es_jax.es import noise
+  from es_jax.es.members import perturb_member
 
   n, sigma = 8, 0.1
   spec = noise.NoiseSpec(n)
@@ -124,8 +125,8 @@ def test_coverage_shaping_in_the_optax_chain_improves_a_toy_objective():
 
 @pytest.mark.slow
 def test_diversity_runner_smoke(tmp_path, monkeypatch):
-  from experiments import diversity
   from experiments.configs import demo
+  from experiments.studies import diversity
 
   c = ConfigDict(demo.get_config("smoke").to_dict())
   c.method, c.progress = "diversity", False
@@ -151,9 +152,10 @@ def test_diversity_over_checkpoints(tmp_path, monkeypatch):
   """diversity.checkpoints: one row per checkpoint of the run, each around its own params and step
   key, with the centre policy's Pass@n gain over the first checkpoint, a table and the PNGs."""
   from es_jax import models
-  from es_jax.checkpoint import Checkpointer
-  from experiments import diversity, model_io
+  from es_jax.persist.checkpoint import Checkpointer
   from experiments.configs import demo
+  from experiments.runners import model_io
+  from experiments.studies import diversity
 
   c = ConfigDict(demo.get_config("smoke").to_dict())
   c.method, c.progress = "diversity", False

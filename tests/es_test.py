@@ -1,4 +1,5 @@
-"""Tests for es_jax.es: explicit formula, shared noise, gradient alignment, optimisation, jit."""
+"""Tests for es_jax.es.gradient: explicit formula, shared noise, gradient alignment, optimisation,
+jit."""
 
 import functools
 import re
@@ -9,8 +10,9 @@ import numpy as np
 import optax
 import pytest
 
-from es_jax import es, fitness, noise
-from es_jax.members import perturb_member
+from es_jax.es import fitness, noise
+from es_jax.es import gradient as es
+from es_jax.es.members import perturb_member
 
 N = 8
 SIGMA = 0.1
@@ -304,7 +306,8 @@ def test_precision_modes_update_as_the_numpy_reference(key):
   import ml_dtypes
   from ml_collections import ConfigDict
 
-  from experiments import config_check, es_runner
+  from experiments.runners import es_runner
+  from experiments.schema import check as config_check
 
   rng = np.random.default_rng(0)
   w16 = (0.02 * rng.standard_normal((3, 8, 16))).astype(ml_dtypes.bfloat16)

@@ -1,5 +1,5 @@
-"""Evaluation problems disjoint from training (es_jax.data.heldout, experiments.eval_data): every
-shipped config and variant, the refusal of a too-small task space, the counts in the meta."""
+"""Evaluation problems disjoint from training (es_jax.data.heldout, experiments.evaluation.data):
+every shipped config and variant, the refusal of a too-small task space, the counts in the meta."""
 
 import glob
 import importlib
@@ -11,8 +11,12 @@ import pytest
 from run_configs import smoke_config, with_fields
 
 from es_jax import data
-from experiments import config_check, eval_data, evaluate, model_io, report
 from experiments.configs import coverage_study, demo, fair_study, fair_study_v2
+from experiments.evaluation import data as eval_data
+from experiments.evaluation import evaluate
+from experiments.reports import report
+from experiments.runners import model_io
+from experiments.schema import check as config_check
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "configs")
 # Every shipped config file and variant (tests/configs_test.py checks they build).
@@ -167,7 +171,7 @@ def test_file_tasks_count_training_rows_warn_and_drop_them(tmp_path, caplog):
   evals = _write(tmp_path / "test.jsonl", ["what is 1 +  1?", "What is 3 + 3?", "What is 3 + 3?"])
   fields = dict(data__task="file", data__path=train, data__reward="qa", eval__task="file")
   config = smoke_config(demo, eval__path=evals, **fields)
-  with caplog.at_level(logging.WARNING, logger="experiments.eval_data"):
+  with caplog.at_level(logging.WARNING, logger="experiments.evaluation.data"):
     tasks = eval_data.load_eval_tasks(config)
   assert tasks.main.num_seen_in_training == 1 and len(tasks.main.examples) == 3
   assert "1 of its 3 problems are training prompts" in caplog.text and "drop_seen" in caplog.text

@@ -1,5 +1,5 @@
-"""Evaluation batch layout (experiments/eval_sampler.py): the queue layout (`refill`) draws each
-sample with its own key, whatever the batch size, and resumes to the same samples."""
+"""Evaluation batch layout (experiments/evaluation/sampler.py): the queue layout (`refill`) draws
+each sample with its own key, whatever the batch size, and resumes to the same samples."""
 
 import jax
 import numpy as np
@@ -8,8 +8,8 @@ from flax import nnx
 from tiny_models import tiny_tokenizer
 
 from es_jax import models
-from es_jax.sampling import Decoding, generate, pad_prompts
-from experiments import eval_sampler
+from es_jax.decode.sampling import Decoding, generate, pad_prompts
+from experiments.evaluation import sampler as eval_sampler
 
 N, NEW_TOKENS = 3, 8
 EXAMPLES = [{"prompt": f"Add {i} and {7 * i}."} for i in range(5)]

@@ -1,4 +1,5 @@
-"""Evaluation runner (experiments/evaluate.py) on a tiny random model and the tiny tokenizer."""
+"""Evaluation runner (experiments/evaluation/evaluate.py) on a tiny random model and the tiny
+tokenizer."""
 
 import json
 import os
@@ -10,13 +11,16 @@ from flax import nnx
 from run_configs import smoke_config, with_fields
 from tiny_models import tiny_tokenizer
 
-from es_jax import checkpoint, data, models
+from es_jax import data, models
+from es_jax.decode.sampling import Decoding, encode_prompts, generate
 from es_jax.metrics import maj_at_k, pass_at_k
-from es_jax.sampling import Decoding, encode_prompts, generate
-from experiments import eval_results, evaluate, model_io, run_data
-from experiments.config_errors import ConfigError
+from es_jax.persist import checkpoint
 from experiments.configs import demo as demo_config
-from experiments.eval_tasks import TaskSpec
+from experiments.evaluation import evaluate
+from experiments.evaluation import results as eval_results
+from experiments.evaluation.tasks import TaskSpec
+from experiments.runners import model_io, run_data
+from experiments.schema.errors import ConfigError
 
 N, BATCH, NEW_TOKENS = 4, 8, 8
 SETTINGS = dict(num_samples=N, batch_size=BATCH, max_new_tokens=NEW_TOKENS, temperature=1.0)
@@ -381,7 +385,7 @@ def test_orbax_source_restores_the_saved_params(tiny, tmp_path):
 @pytest.mark.slow  # a whole smoke run first
 def test_training_run_with_other_eval_settings_is_refused_before_writing(tmp_path):
   """A finished run rerun with eval.refill flipped: refused at startup, config.json untouched."""
-  from experiments import es_runner
+  from experiments.runners import es_runner
 
   config = smoke_config(demo_config, method="es", eval__every=0, export_hf=False)
   es_runner.run(config, str(tmp_path))

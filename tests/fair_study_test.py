@@ -11,10 +11,13 @@ import optax
 import pytest
 from run_configs import checkpoint_params, smoke_config
 
-from es_jax import es, metrics, noise
-from experiments import calibration, fair_study, study_signal
+from es_jax import metrics
+from es_jax.es import gradient as es
+from es_jax.es import noise
 from experiments.configs import fair_study as fair_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.studies import calibration, fair_study
+from experiments.studies import training_signal as study_signal
 
 
 def _row(sigma, changed, minus_base):

@@ -10,8 +10,10 @@ from tiny_models import tiny_tokenizer
 
 from es_jax import data, rewards
 from es_jax.data import BadRowError, format_prompt, load_file_task
-from experiments import config_check, evaluate, run_data
 from experiments.configs import custom, demo
+from experiments.evaluation import evaluate
+from experiments.runners import run_data
+from experiments.schema import check as config_check
 
 
 def _jsonl(path, rows):
@@ -283,7 +285,7 @@ def test_wrong_field_names_name_the_fields_present_and_the_option(tmp_path):
   ],
 )
 def test_files_and_reward_are_checked_before_the_model_loads(tmp_path, monkeypatch, fields, said):
-  from experiments import model_io, run_context
+  from experiments.runners import model_io, run_context
 
   def no_model(*args, **kwargs):
     raise AssertionError("the model was loaded before the cheap checks")

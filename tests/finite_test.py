@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from run_configs import smoke_config
 
-from es_jax import grpo as grpo_lib
-from es_jax import preemption
-from es_jax.checkpoint import Checkpointer
-from experiments import es_runner, grpo_runner, run_data, run_guard, train_loop
+from es_jax.grpo import loss as grpo_lib
+from es_jax.persist import preemption
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.runners import es_runner, grpo_runner, run_data, run_guard, train_loop
 
 
 def _config(**overrides):

@@ -1,11 +1,11 @@
-"""Tests for es_jax.fitness: hand-computed golden values, ties, all-equal, non-finite fitness."""
+"""Tests for es_jax.es.fitness: hand-computed golden values, ties, all-equal, non-finite fitness."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from es_jax import fitness
+from es_jax.es import fitness
 
 zscore = jax.jit(fitness.zscore)
 centered_rank = jax.jit(fitness.centered_rank)

@@ -20,9 +20,9 @@ import pytest
 from run_configs import assert_trained, checkpoint_params, named_leaves, smoke_config
 
 from es_jax import models
-from experiments import es_runner, grpo_runner, model_io
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.runners import es_runner, grpo_runner, model_io
 
 RECORD = os.path.join(os.path.dirname(__file__), "golden", "smoke_runs.json")
 UPDATE = os.environ.get("ES_JAX_UPDATE_GOLDEN") == "1"

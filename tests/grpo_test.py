@@ -1,4 +1,4 @@
-"""Tests for es_jax.grpo: advantages, the clipped surrogate loss, k3 KL and token log-probs."""
+"""Tests for es_jax.grpo.loss: advantages, the clipped surrogate loss, k3 KL and token log-probs."""
 
 import functools
 import math
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from es_jax import grpo
+from es_jax.grpo import loss as grpo
 
 # Tests call jitted wrappers (one compile per shape instead of one per eager op) and draw their
 # data with numpy, so the file stays fast on a busy 2-core machine. beta is traced under these

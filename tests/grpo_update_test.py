@@ -13,8 +13,9 @@ import optax
 import pytest
 from flax import nnx
 
-from es_jax import grpo_update as gt
-from es_jax.grpo import grpo_loss, token_logprobs
+from es_jax.decode.sampling import Decoding
+from es_jax.grpo import update as gt
+from es_jax.grpo.loss import grpo_loss, token_logprobs
 from es_jax.models import (
   Transformer,
   cast_params,
@@ -23,7 +24,6 @@ from es_jax.models import (
   params,
   positions_from_mask,
 )
-from es_jax.sampling import Decoding
 
 CONFIG = get_config(
   "tiny-llama", hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64
@@ -50,7 +50,7 @@ def apply(p, tokens, m):
 
 
 @jax.jit
-def full_logp(p, tokens, m):  # [B, S-1], the reference scoring path of es_jax.grpo
+def full_logp(p, tokens, m):  # [B, S-1], the reference scoring path of es_jax.grpo.loss
   return token_logprobs(apply, p, tokens, m)[0]
 
 

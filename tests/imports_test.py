@@ -126,16 +126,16 @@ def test_config_check_imports_no_runner():
   """config_check stands below the runners: it reads allowed values from the config layer."""
   graph = import_graph()
   runners = {  # full names, so that a move of these modules rewrites them here too
-    "experiments.es_runner",
-    "experiments.grpo_runner",
-    "experiments.demo",
-    "experiments.diversity",
-    "experiments.sequential",
-    "experiments.population_sweep",
-    "experiments.model_io",
+    "experiments.runners.es_runner",
+    "experiments.runners.grpo_runner",
+    "experiments.studies.demo",
+    "experiments.studies.diversity",
+    "experiments.runners.sequential",
+    "experiments.studies.population_sweep",
+    "experiments.runners.model_io",
   }
   assert runners <= set(graph), sorted(runners - set(graph))
-  for module in ("experiments.config_check", "experiments.config_rules"):
+  for module in ("experiments.schema.check", "experiments.schema.rules"):
     assert not graph[module] & runners, f"{module} imports {sorted(graph[module] & runners)}"
 
 

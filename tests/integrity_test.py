@@ -1,10 +1,11 @@
-"""Tests for es_jax.integrity: array digests independent of sharding that see one flipped bit."""
+"""Tests for es_jax.persist.integrity: array digests independent of sharding that see one flipped
+bit."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from es_jax import integrity
+from es_jax.persist import integrity
 
 
 def test_manifest_digest_ignores_sharding_and_sees_one_bit(key):
@@ -27,7 +28,7 @@ def test_tree_digest_ignores_sharding_and_sees_one_bit():
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from es_jax import sharding
+  from es_jax.devices import sharding
 
   tree = {"a": jnp.arange(64.0).reshape(8, 8), "b": {"c": jnp.ones(3, jnp.bfloat16)}}
   mesh = sharding.make_mesh(8, 1)

@@ -1,5 +1,5 @@
-"""Tests for experiments.logger (metrics.jsonl, TensorBoard events, resume, config and versions)
-and experiments.progress."""
+"""Tests for experiments.infra.logger (metrics.jsonl, TensorBoard events, resume, config and
+versions) and experiments.infra.progress."""
 
 import hashlib
 import io
@@ -18,9 +18,15 @@ import pytest
 import yaml
 from tensorboardX.proto import event_pb2
 
-from experiments import logger as logger_lib
-from experiments.logger import METRICS_FILE, TENSORBOARD_DIR, VERSIONS_FILE, RunLogger, read_metrics
-from experiments.progress import ProgressBar, StepTimer, format_seconds, progress_marks
+from experiments.infra import logger as logger_lib
+from experiments.infra.logger import (
+  METRICS_FILE,
+  TENSORBOARD_DIR,
+  VERSIONS_FILE,
+  RunLogger,
+  read_metrics,
+)
+from experiments.infra.progress import ProgressBar, StepTimer, format_seconds, progress_marks
 
 
 def _events(workdir):
@@ -255,8 +261,8 @@ def cli_logging(request):
 
 @pytest.mark.parametrize("cli_logging", [0, 1], indirect=True, ids=["default", "verbosity1"])
 def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplog, cli_logging):
-  from experiments import train_loop
   from experiments.configs import demo
+  from experiments.runners import train_loop
 
   config = ml_collections.ConfigDict(demo.get_config("smoke").to_dict())
   config.method, config.progress, config.eval.every = "es", False, 5
@@ -279,7 +285,7 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
   for step in loop.steps():
     loop.end_step(step, state, {"train/reward": 0.5 * step})
   loop.close()
-  lines = [r.getMessage() for r in caplog.records if r.name == "experiments.train_loop"]
+  lines = [r.getMessage() for r in caplog.records if r.name == "experiments.runners.train_loop"]
   steps = [m for m in lines if " step " in m]
   assert len(steps) == 3, lines
   assert steps.pop(0).startswith("periodic eval at step 0 (before training): greedy 0.250 pass@1")

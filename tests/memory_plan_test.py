@@ -1,16 +1,19 @@
-"""es_jax.memory_plan against compiled TPU figures (docs/tpu_plan.md, "Calibration"), and the
-runners' memory check. Pure Python: no libtpu, no compile."""
+"""es_jax.devices.memory_plan against compiled TPU figures (docs/tpu_plan.md, "Calibration"), and
+the runners' memory check. Pure Python: no libtpu, no compile."""
 
 import dataclasses
 
 import pytest
 
-from es_jax import memory_plan, models
-from experiments import memory_check, run_context, tpu_programs
+from es_jax import models
+from es_jax.devices import memory_plan
+from experiments.runners import run_context
+from experiments.tpu import memory_check
+from experiments.tpu import programs as tpu_programs
 
 CONFIG = "experiments/configs/gsm8k_easy.py"
 # (topology, preset, program, overrides, compiled temp bytes, compiled total bytes): per chip,
-# `compiled.memory_analysis()` of experiments.tpu_plan's programs (total = args + out - alias +
+# `compiled.memory_analysis()` of experiments.tpu.plan's programs (total = args + out - alias +
 # temp, code left out), libtpu 0.0.42.1, 2026-12-04. 1.5B rows are GiB figures rounded to 0.01.
 _G = 2**30
 _05 = "qwen2.5-0.5b"

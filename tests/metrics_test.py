@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from es_jax import grpo_rollout, metrics
-from es_jax.sampling import Completions
-from experiments import eval_results
+from es_jax import metrics
+from es_jax.decode.sampling import Completions
+from es_jax.grpo import rollout as grpo_rollout
+from experiments.evaluation import results as eval_results
 
 LN2 = math.log(2.0)
 
@@ -84,8 +85,8 @@ def test_maj_at_k_argument_errors():
 
 
 def test_macro_average_of_task_summaries():
-  """The macro average as evaluation writes it (experiments.eval_results.macro): the unweighted
-  mean of the task means, problem counts summed, curves cut to the shortest."""
+  """The macro average as evaluation writes it (experiments.evaluation.results.macro): the
+  unweighted mean of the task means, problem counts summed, curves cut to the shortest."""
   a = {"num_problems": 2, "pass@1": 0.5, "pass_at_k_curve": {"k": [1, 2], "value": [0.5, 0.6]}}
   b = {"num_problems": 4, "pass@1": 0.75, "pass_at_k_curve": {"k": [1], "value": [0.75]}}
   out = eval_results.macro({"a": a, "b": b})
@@ -171,7 +172,7 @@ def test_js_policy_monte_carlo_converges_to_enumeration_and_bounds_js_success():
 
 
 def test_rollout_entropy_is_the_masked_mean_per_generated_token():
-  """The token entropy GRPO logs (es_jax.grpo_rollout.rollout_stats, jitted): padding left out."""
+  """The token entropy GRPO logs (es_jax.grpo.rollout.rollout_stats, jitted): padding left out."""
   entropy = jnp.array([[1.0, 2.0, 9.0], [3.0, 9.0, 9.0]])
   mask = jnp.array([[1, 1, 0], [1, 0, 0]], bool)
   tokens = jnp.zeros((2, 3), jnp.int32)

@@ -10,7 +10,10 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_update, noise, population, sampling
+from es_jax.decode import sampling
+from es_jax.es import gradient as es
+from es_jax.es import noise, population
+from es_jax.grpo import update as grpo_update
 
 CONFIG = micro_config(num_layers=1, max_position_embeddings=32)
 N, SIGMA, ALPHA = 8, 0.1, 0.5

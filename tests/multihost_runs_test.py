@@ -20,9 +20,9 @@ from run_configs import (
   wait_for_processes,
 )
 
-from es_jax.checkpoint import Checkpointer
-from experiments import es_runner, sequential
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import demo as demo_config
+from experiments.runners import es_runner, sequential
 
 pytestmark = pytest.mark.slow  # each test launches two-process training runs
 

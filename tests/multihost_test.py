@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from run_configs import wait_for_processes
 
-from es_jax import sharding
+from es_jax.devices import sharding
 
 pytestmark = pytest.mark.slow  # two processes compile and take ES and GRPO steps
 

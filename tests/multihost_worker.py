@@ -16,7 +16,7 @@ jax.config.update("jax_num_cpu_devices", 2)
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from es_jax import sharding  # noqa: E402
+from es_jax.devices import sharding  # noqa: E402
 
 process_id, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 assert sharding.initialize_distributed(

@@ -1,4 +1,4 @@
-"""Tests for es_jax.noise: keys, regeneration, statistics, antithetic, low rank, precision."""
+"""Tests for es_jax.es.noise: keys, regeneration, statistics, antithetic, low rank, precision."""
 
 import jax
 import jax.numpy as jnp
@@ -6,8 +6,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from es_jax import es, noise, noise_blocks
-from es_jax.members import perturb_member
+from es_jax.es import gradient as es
+from es_jax.es import noise, noise_blocks
+from es_jax.es.members import perturb_member
 
 # One tree (and few shapes) throughout: every distinct random shape costs an XLA compile.
 RANK = 4
@@ -386,7 +387,7 @@ def test_leaf_normal_equals_the_blocks_and_draws_on_shards(key):
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from es_jax import sharding
+  from es_jax.devices import sharding
 
   for shape in [(5,), (3, 7), (2, 40000), (65536,)]:  # (2, 40000): two blocks, the second shifted
     want = np.asarray(noise_blocks.normal(key, shape))

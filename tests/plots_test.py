@@ -1,5 +1,5 @@
-"""experiments.plots: Pass@k and metric-over-steps figures, their y range, EMA smoothing and the
-errors for bad series."""
+"""experiments.reports.plots: Pass@k and metric-over-steps figures, their y range, EMA smoothing and
+the errors for bad series."""
 
 import os
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-from experiments import plots
+from experiments.reports import plots
 
 
 def test_plots_write_pngs_and_reject_bad_series(tmp_path):

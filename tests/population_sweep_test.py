@@ -1,12 +1,14 @@
-"""experiments.population_sweep: the debiased EMA against hand-computed values, and a sweep of
-two population sizes on the demo's smoke config."""
+"""experiments.studies.population_sweep: the debiased EMA against hand-computed values, and a sweep
+of two population sizes on the demo's smoke config."""
 
 import pytest
 from ml_collections import ConfigDict
 
-from experiments import population_sweep, report_curves, report_runs
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.reports import curves as report_curves
+from experiments.reports import runs as report_runs
+from experiments.studies import population_sweep
 
 
 def test_debiased_ema_hand_computed():

@@ -1,4 +1,4 @@
-"""es_jax.population: members equal direct generation with noise.py's noise, sharded equals
+"""es_jax.es.population: members equal direct generation with noise.py's noise, sharded equals
 single-device, chunk sizes agree, low-rank hook equals materialised noise, ES loop improves."""
 
 import jax
@@ -8,8 +8,11 @@ import optax
 import pytest
 from tiny_models import micro_config, random_params
 
-from es_jax import es, noise, population, reference_arithmetic, sampling, sharding
-from es_jax.members import member, perturb_member
+from es_jax.decode import sampling
+from es_jax.devices import sharding
+from es_jax.es import gradient as es
+from es_jax.es import noise, population, reference_arithmetic
+from es_jax.es.members import member, perturb_member
 
 # Qwen2-like micro model: qkv biases (non-hook [L, n] leaves) and a tied head (hook via embed).
 CONFIG = micro_config(qkv_bias=True, tie_embeddings=True, architecture="qwen2")

@@ -1,11 +1,11 @@
-"""Tests for es_jax.preemption: the SIGTERM flag, one per run, restored handlers."""
+"""Tests for es_jax.persist.preemption: the SIGTERM flag, one per run, restored handlers."""
 
 import os
 import signal
 import threading
 import time
 
-from es_jax.preemption import active_handler, install_sigterm_handler, sigterm_scope
+from es_jax.persist.preemption import active_handler, install_sigterm_handler, sigterm_scope
 
 
 def test_sigterm_sets_flag_and_restores_handler():

@@ -1,4 +1,5 @@
-"""The in-place bf16 ES schemes (es_jax.reference_arithmetic) against numpy/ml_dtypes, bit for bit.
+"""The in-place bf16 ES schemes (es_jax.es.reference_arithmetic) against numpy/ml_dtypes, bit for
+bit.
 
 The numpy side takes the float32 normals jax draws (``shape_noise``, ``noise.sample_noise``) and
 the shaped fitness as inputs, and re-implements every cast, add, subtract and sum itself.
@@ -13,9 +14,9 @@ import numpy as np
 import pytest
 from tiny_models import micro_config, random_params
 
-from es_jax import fitness, noise
-from es_jax import reference_arithmetic as ref
-from experiments import es_runner
+from es_jax.es import fitness, noise
+from es_jax.es import reference_arithmetic as ref
+from experiments.runners import es_runner
 
 BF16 = ml_dtypes.bfloat16
 N, SIGMA, ALPHA = 4, 1.5e-3, 5e-4

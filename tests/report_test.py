@@ -10,15 +10,18 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from experiments import eval_results, plots, report, report_curves, report_runs
 from experiments.configs.base import base_config
-from experiments.logger import RunLogger
+from experiments.evaluation import results as eval_results
+from experiments.infra.logger import RunLogger
+from experiments.reports import curves as report_curves
+from experiments.reports import plots, report
+from experiments.reports import runs as report_runs
 
 TASK = "gsm8k"
 
 
 def _write_eval(eval_dir, label, problems, *, ks=(1, 2, 4), segments=(90.0, 30.0)):
-  """eval/ as experiments.evaluate writes it: records, settings, table.json, timing.
+  """eval/ as experiments.evaluation.evaluate writes it: records, settings, table.json, timing.
 
   problems: (correct list, answers list, greedy_correct, summed entropy, lengths) per problem.
   """
@@ -115,7 +118,8 @@ def runs(tmp_path):
   summaries = _write_eval(str(es_dir / "eval"), TASK, problems, segments=(60.0,))
   eval_results.write_report(summaries, str(es_dir / "eval"))
   os.makedirs(es_dir / "diversity")
-  eval_results.write_json(  # the writer experiments.diversity uses, with the fields it writes
+  # the writer experiments.studies.diversity uses, with the fields it writes
+  eval_results.write_json(
     str(es_dir / "diversity" / "table.json"),
     {
       "rows": [

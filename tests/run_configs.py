@@ -11,11 +11,12 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from es_jax import models, noise
-from es_jax.checkpoint import Checkpointer
-from experiments import model_io
+from es_jax import models
+from es_jax.es import noise
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.runners import model_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,10 +1,12 @@
-"""experiments.run_cost: the run-time arithmetic from given per-step costs (no libtpu needed)."""
+"""experiments.tpu.run_cost: the run-time arithmetic from given per-step costs (no libtpu
+needed)."""
 
 import numpy as np
 import pytest
 
-from es_jax import memory_plan
-from experiments import run_cost, tpu_programs
+from es_jax.devices import memory_plan
+from experiments.tpu import programs as tpu_programs
+from experiments.tpu import run_cost
 
 CHIP = memory_plan.Chip("test chip", 16 * 2**30, peak_flops=100e12, hbm_bandwidth=1e12)
 

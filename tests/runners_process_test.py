@@ -20,10 +20,10 @@ from run_configs import (
   smoke_config,
 )
 
-from es_jax.checkpoint import Checkpointer
-from experiments import es_runner
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.runners import es_runner
 
 pytestmark = pytest.mark.slow  # each test runs `python -m experiments.main` processes
 

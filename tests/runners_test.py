@@ -20,23 +20,19 @@ from run_configs import (
   with_fields,
 )
 
-from es_jax import integrity, preemption, rewards, sampling
-from es_jax.checkpoint import Checkpointer
-from experiments import (
-  demo,
-  es_runner,
-  eval_data,
-  eval_tasks,
-  evaluate,
-  grpo_runner,
-  run_data,
-  sequential,
-  train_loop,
-)
-from experiments.config_check import ConfigError
+from es_jax import rewards
+from es_jax.decode import sampling
+from es_jax.persist import integrity, preemption
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import deepscaler_hard, gsm8k_easy
 from experiments.configs import demo as demo_config
-from experiments.logger import read_metrics
+from experiments.evaluation import data as eval_data
+from experiments.evaluation import evaluate
+from experiments.evaluation import tasks as eval_tasks
+from experiments.infra.logger import read_metrics
+from experiments.runners import es_runner, grpo_runner, run_data, sequential, train_loop
+from experiments.schema.check import ConfigError
+from experiments.studies import demo
 
 _config = smoke_config
 
@@ -54,7 +50,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
     _, saved = checkpoint_params(str(tmp_path / name / "checkpoints"))
     assert {a.dtype for a in saved.values()} == {np.dtype(np.float32)}
     assert json.load(open(tmp_path / name / "hf" / "config.json"))["dtype"] == "bfloat16"
-    # Each step logs the part of its seconds spent compiling (experiments.compile_cache).
+    # Each step logs the part of its seconds spent compiling (experiments.infra.compile_cache).
     timed = [r for r in rows if "step_seconds" in r]
     assert len(timed) == config[name].num_steps
     assert all(0.0 <= r["compile_seconds"] <= r["step_seconds"] for r in timed), name
@@ -123,7 +119,7 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
 
 @pytest.mark.slow
 def test_es_in_place_arithmetic_trains_bf16_weights(tmp_path):
-  # An in-place bf16 scheme (es_jax.reference_arithmetic) end to end; the weights stay bf16 and
+  # An in-place bf16 scheme (es_jax.es.reference_arithmetic) end to end; the weights stay bf16 and
   # move (residues and the update). The runner takes every scheme down the same path (the scheme
   # is a static argument of its update); reference_arithmetic_test checks each scheme's numbers.
   arithmetic = "bf16_shared_noise"

@@ -1,4 +1,4 @@
-"""Tests for experiments.samples_log: the training completions' rows, samples.jsonl and its
+"""Tests for experiments.infra.samples_log: the training completions' rows, samples.jsonl and its
 TensorBoard text (the final evaluation's samples file: evaluate_test)."""
 
 import json
@@ -8,10 +8,12 @@ import pytest
 from logger_test import _events
 from tiny_models import tiny_tokenizer
 
-from es_jax import data, population, sampling
-from es_jax.grpo import group_advantages
-from experiments import samples_log
-from experiments.logger import SAMPLES_FILE, RunLogger
+from es_jax import data
+from es_jax.decode import sampling
+from es_jax.es import population
+from es_jax.grpo.loss import group_advantages
+from experiments.infra import samples_log
+from experiments.infra.logger import SAMPLES_FILE, RunLogger
 
 P, T = 3, 6
 

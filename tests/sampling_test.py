@@ -8,11 +8,11 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 from tiny_models import es_jax_port, torch_model
 
-from es_jax.decode_loop import decode
-from es_jax.decode_queue import generate_queue
-from es_jax.member_axes import Member
+from es_jax.decode.loop import decode
+from es_jax.decode.queue import generate_queue
+from es_jax.decode.sampling import Decoding, generate, generate_members, pad_prompts
+from es_jax.es.member_axes import Member
 from es_jax.models import forward, positions_from_mask, unstack_layers
-from es_jax.sampling import Decoding, generate, generate_members, pad_prompts
 
 EOS = 255
 

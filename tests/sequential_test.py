@@ -4,8 +4,8 @@ import types
 
 import pytest
 
-from experiments import run_context, sequential, train_loop
 from experiments.configs import demo
+from experiments.runners import run_context, sequential, train_loop
 from tests.run_configs import smoke_config
 
 

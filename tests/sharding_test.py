@@ -1,5 +1,5 @@
-"""es_jax.sharding: mesh shapes and axis types, parameter shardings (sharded forward equals the
-single-device forward), population placement, multi-host detection."""
+"""es_jax.devices.sharding: mesh shapes and axis types, parameter shardings (sharded forward equals
+the single-device forward), population placement, multi-host detection."""
 
 import re
 
@@ -12,7 +12,11 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from tiny_models import micro_config, random_params
 
-from es_jax import es, grpo_update, noise, population, sampling, sharding
+from es_jax.decode import sampling
+from es_jax.devices import sharding
+from es_jax.es import gradient as es
+from es_jax.es import noise, population
+from es_jax.grpo import update as grpo_update
 from es_jax.models import forward, positions_from_mask
 
 
@@ -196,7 +200,8 @@ def _low_tokens(tokens, mask):
 
 
 def _es_step(params, mesh, rank, *, min_size=256):
-  """One ES step as experiments/es_runner.py takes it: evaluate, then es_gradient + sgd (jitted)."""
+  """One ES step as experiments/runners/es_runner.py takes it: evaluate, then es_gradient + sgd
+  (jitted)."""
   sharded = mesh.shape["model"] > 1
   params = sharding.shard_params(params, mesh, min_size=min_size)
   rng = np.random.RandomState(3)

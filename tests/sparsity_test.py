@@ -1,4 +1,4 @@
-"""experiments.sparsity on a random tiny model with a hand-made update of known sizes."""
+"""experiments.studies.sparsity on a random tiny model with a hand-made update of known sizes."""
 
 import json
 import math
@@ -9,9 +9,10 @@ import pytest
 from ml_collections import ConfigDict
 
 from es_jax import models
-from es_jax.checkpoint import Checkpointer
-from experiments import model_io, sparsity
+from es_jax.persist.checkpoint import Checkpointer
 from experiments.configs import demo as demo_config
+from experiments.runners import model_io
+from experiments.studies import sparsity
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from experiments import study_rules, study_seeds
+from experiments.studies import rules as study_rules
+from experiments.studies import seeds as study_seeds
 
 
 def _run(pass1, pass16, greedy=None):

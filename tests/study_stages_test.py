@@ -7,9 +7,10 @@ import os
 import pytest
 from run_configs import smoke_config
 
-from experiments import calibration, fair_study, study_stages
-from experiments.config_errors import ConfigError
 from experiments.configs import fair_study as fair_config
+from experiments.schema.errors import ConfigError
+from experiments.studies import calibration, fair_study
+from experiments.studies import stages as study_stages
 
 
 def _files(root):

@@ -1,5 +1,5 @@
-"""Study v2 (experiments/study_v2.py): the interior-choice rules and the study end to end on the
-`:smoke` config (every stage and arm, the extension of an arm that moves, the report)."""
+"""Study v2 (experiments/studies/fair_study_v2.py): the interior-choice rules and the study end to
+end on the `:smoke` config (every stage and arm, the extension of an arm that moves, the report)."""
 
 import json
 import os
@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 from run_configs import smoke_config
 
-from experiments import calibration, fair_study, study_rules, study_tuning
 from experiments.configs import fair_study_v2 as v2_config
+from experiments.studies import calibration, fair_study
+from experiments.studies import rules as study_rules
+from experiments.studies import tuning as study_tuning
 
 
 def test_an_edge_winner_extends_the_grid_beyond_that_edge():

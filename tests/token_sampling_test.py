@@ -1,11 +1,12 @@
-"""es_jax.token_sampling: sampled frequencies against the softmax and the renormalised nucleus,
+"""es_jax.decode.token_sampling: sampled frequencies against the softmax and the renormalised
+nucleus,
 the blocked inverse CDF and nucleus threshold against sorted references, and the helpers."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from es_jax.token_sampling import (
+from es_jax.decode.token_sampling import (
   _inverse_cdf,
   _nucleus_threshold,
   argmax,

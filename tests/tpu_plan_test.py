@@ -1,4 +1,4 @@
-"""experiments.tpu_plan: tiny models compile for TPU topologies on this CPU host (needs libtpu)."""
+"""experiments.tpu.plan: tiny models compile for TPU topologies on this CPU host (needs libtpu)."""
 
 import os
 import re
@@ -12,8 +12,12 @@ pytest.importorskip(
 
 import jax  # noqa: E402
 
-from es_jax import memory_plan, models, sampling  # noqa: E402
-from experiments import memory_check, tpu_plan, tpu_programs  # noqa: E402
+from es_jax import models  # noqa: E402
+from es_jax.decode import sampling  # noqa: E402
+from es_jax.devices import memory_plan  # noqa: E402
+from experiments.tpu import memory_check  # noqa: E402
+from experiments.tpu import plan as tpu_plan
+from experiments.tpu import programs as tpu_programs
 
 CONFIG = "experiments/configs/gsm8k_easy.py:smoke"
 

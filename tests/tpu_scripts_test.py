@@ -40,7 +40,7 @@ fi
 PYTHON_STUB = r"""#!/usr/bin/env bash
 printf '%s\0' "$@" > "$STUB_DIR/$2.argv"
 echo $$ > "$STUB_DIR/$2.pid"
-if [[ "$2" == experiments.tpu_plan ]]; then exit "${STUB_PLAN_RC:-0}"; fi
+if [[ "$2" == experiments.tpu.plan ]]; then exit "${STUB_PLAN_RC:-0}"; fi
 """
 TRICKY = [  # overrides the remote shells must not touch
   "--config.eval.extra_tasks=('math500', 'aime24')",
@@ -194,11 +194,11 @@ def test_launch_dry_run_quoting_round_trip(env):
   cfg, wd = "experiments/configs/deepscaler_hard.py", "gs://b/hard run"
   r = _run(env, "launch.sh", "--dry-run", cfg, wd, *overrides, repo=True, check=0)
   lines = r.stdout.splitlines()
-  assert len(lines) == 3 and lines[0].startswith("python -m experiments.tpu_plan")
+  assert len(lines) == 3 and lines[0].startswith("python -m experiments.tpu.plan")
   assert _gcloud_calls(env) == []
   subprocess.run(["bash", "-c", r.stdout], env=env["env"], cwd=env["repo"], check=True, timeout=60)
-  plan = ["-m", "experiments.tpu_plan", "--config", cfg, "--topology", "v5e:2x4", *overrides]
-  assert _argv(env, "experiments.tpu_plan") == plan
+  plan = ["-m", "experiments.tpu.plan", "--config", cfg, "--topology", "v5e:2x4", *overrides]
+  assert _argv(env, "experiments.tpu.plan") == plan
   main = ["-m", "experiments.main", "--config", cfg, "--workdir", wd, *overrides]
   assert _argv(env, "experiments.main") == main
   home = env["home"]
@@ -217,7 +217,7 @@ def test_launch_refuses_when_the_planner_says_no(env):
   env["env"]["STUB_PLAN_RC"] = "0"
   env["env"]["ACCELERATOR"] = "v4-32"
   _run(env, "launch.sh", cfg, wd, repo=True, check=0)
-  assert _argv(env, "experiments.tpu_plan")[5] == "v4:2x2x4"
+  assert _argv(env, "experiments.tpu.plan")[5] == "v4:2x2x4"
   assert _argv(env, "experiments.main")[-1] == wd
   assert len(_gcloud_calls(env)) == 2  # the workers' check, then the launch
 
@@ -297,7 +297,7 @@ def test_resume_dry_run_prints_the_recreate_path(env):
     "pip install",
     "rsync -r gs://b/qwen",
   ]
-  order += ["experiments.tpu_plan", "'preflight es_jax'", "experiments.main"]
+  order += ["experiments.tpu.plan", "'preflight es_jax'", "experiments.main"]
   found = [next(i for i, x in enumerate(lines) if o in x) for o in order]
   assert found == sorted(found), r.stdout
   assert "--spot" in lines[found[1]] and "run_pid() {" not in r.stdout

@@ -15,8 +15,8 @@ from run_configs import checkpoint_params, named_leaves
 from tiny_models import tiny_tokenizer, torch_model
 
 from es_jax import models
-from experiments import model_io
-from experiments.logger import read_metrics
+from experiments.infra.logger import read_metrics
+from experiments.runners import model_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Budgets only: one step, two prompts, four new tokens, two evaluation problems.
@@ -80,7 +80,7 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
   env["PYTHONPATH"] = ROOT
   # One persistent XLA cache for the three commands (the test session's, when it has one): the
   # demo's ES and GRPO runs reuse the programs the first two compiled. It holds executables the
-  # runs would compile anyway (experiments.compile_cache).
+  # runs would compile anyway (experiments.infra.compile_cache).
   cache = os.environ.get("ES_JAX_COMPILE_CACHE") or str(tmp_path / "jax_compile_cache")
   env["ES_JAX_COMPILE_CACHE"] = cache
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")

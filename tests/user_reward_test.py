@@ -14,10 +14,11 @@ from run_configs import with_fields
 
 from es_jax import rewards
 from es_jax.rewards import RewardError
-from experiments import evaluate, run_data
-from experiments.config_check import ConfigError
 from experiments.configs import custom
-from experiments.logger import read_metrics
+from experiments.evaluation import evaluate
+from experiments.infra.logger import read_metrics
+from experiments.runners import run_data
+from experiments.schema.check import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOSTILE = """

@@ -2,8 +2,8 @@
 
 from run_configs import with_fields
 
-from experiments import work_plan
 from experiments.configs import custom
+from experiments.runners import work_plan
 
 
 def test_cpu_variant_plans_what_its_steps_and_evaluations_generate():

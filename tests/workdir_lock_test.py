@@ -1,4 +1,4 @@
-"""Tests for experiments.workdir_lock: one run per workdir, stale locks taken over."""
+"""Tests for experiments.infra.workdir_lock: one run per workdir, stale locks taken over."""
 
 import json
 import os
@@ -9,7 +9,12 @@ import sys
 
 import pytest
 
-from experiments.workdir_lock import LOCK_FILE, StaleLockWarning, WorkdirLock, WorkdirLockedError
+from experiments.infra.workdir_lock import (
+  LOCK_FILE,
+  StaleLockWarning,
+  WorkdirLock,
+  WorkdirLockedError,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +40,7 @@ def test_second_lock_refused_until_released(tmp_path):
 def test_lock_held_by_another_process_then_stale_after_kill(tmp_path):
   code = (
     "import sys, time\n"
-    "from experiments.workdir_lock import WorkdirLock\n"
+    "from experiments.infra.workdir_lock import WorkdirLock\n"
     "WorkdirLock(sys.argv[1]).acquire()\n"
     "print('locked', flush=True)\n"
     "time.sleep(120)\n"

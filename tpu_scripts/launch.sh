@@ -12,7 +12,7 @@ for your shell, e.g. --config.eval.extra_tasks="('aime24', 'aime25')": it reache
 unchanged.
 
 Before launching:
-  1. the memory planner runs here: `$PYTHON -m experiments.tpu_plan --config CONFIG
+  1. the memory planner runs here: `$PYTHON -m experiments.tpu.plan --config CONFIG
      --topology T OVERRIDES` (T from $ACCELERATOR, or --topology); a non-zero exit (a program
      does not fit in HBM) stops the launch. --skip-plan skips it.
   2. every worker is checked: installed (install.sh), no run alive, and each local path given
@@ -58,13 +58,13 @@ fi
 if ((skip_plan)); then
   note "skipping the memory planner (--skip-plan)"
 else
-  [[ -f "$repo_root/experiments/tpu_plan.py" ]] ||
-    die "experiments/tpu_plan.py (the memory planner) is not in this tree: cannot check that the \
+  [[ -f "$repo_root/experiments/tpu/plan.py" ]] ||
+    die "experiments/tpu/plan.py (the memory planner) is not in this tree: cannot check that the \
 run fits; pass --skip-plan to launch unchecked"
   : "${topology:=$(topology_for "$ACCELERATOR")}"
   [[ -n "$topology" ]] || die "no planner topology known for ACCELERATOR=$ACCELERATOR: pass --topology"
   note "memory planner for $topology (planner output: see docs/tpu_plan.md)"
-  if ! run "$PYTHON" -m experiments.tpu_plan --config "$config" --topology "$topology" \
+  if ! run "$PYTHON" -m experiments.tpu.plan --config "$config" --topology "$topology" \
     "${overrides[@]}"; then
     die "the memory planner says the run does not fit on $topology (table above): not launched; \
 change the overrides (e.g. smaller members_per_chunk) or pass --skip-plan"

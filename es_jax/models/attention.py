@@ -12,8 +12,8 @@ past it the step is the dense step itself. Equal to the dense form up to float r
 softmax sums the same terms without the masked slots' zeros).
 
 A block's first slot (`index`) is one scalar for the whole batch (rows aligned by left padding:
-`es_jax.sampling.generate`) or one per row, [B] (rows at their own lengths:
-`es_jax.decode_queue`, where a row that ends takes the next waiting prompt); per-row writes are
+`es_jax.decode.sampling.generate`) or one per row, [B] (rows at their own lengths:
+`es_jax.decode.queue`, where a row that ends takes the next waiting prompt); per-row writes are
 a scatter, and the bucketed read takes the prefix of the furthest row.
 """
 

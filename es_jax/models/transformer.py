@@ -272,7 +272,7 @@ class Transformer(nnx.Module):
   """Llama/Qwen2 decoder (RMSNorm, RoPE, GQA, SwiGLU, optional qkv bias, tied head).
 
   The module is a thin shell over `forward`: hot loops split it once with `params(model)` and
-  call `forward` (or `es_jax.sampling.generate`) on the plain parameter dict.
+  call `forward` (or `es_jax.decode.sampling.generate`) on the plain parameter dict.
   """
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):

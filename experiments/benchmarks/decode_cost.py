@@ -17,7 +17,7 @@ then decode the same items in the same run, each compiled ahead (compile time pr
 timed over `repeats` alternating runs (best of each): the static loop (`generate` with
 `kv_chunk=None, compactions=0` on items/rows batches of `rows` items, one key per row: every
 step reads every slot of every row, and a batch runs until its longest item ends) and the queue
-decoder (`es_jax.decode_queue`: a row whose item ends is refilled with the next waiting item,
+decoder (`es_jax.decode.queue`: a row whose item ends is refilled with the next waiting item,
 `refill_rows` prompts prefilled at a time; once none waits, `compactions` halvings of the batch;
 KV cache read in chunks of `kv_chunk` slots, or every slot with 'none'). Both give an item the
 same draws, hence the same tokens up to float rounding (the items whose tokens are identical are
@@ -53,10 +53,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp
 import numpy as np
 
-from es_jax import sampling
-from es_jax.decode_loop import decode
-from es_jax.decode_queue import decode_queue
-from es_jax.member_axes import Member
+from es_jax.decode import sampling
+from es_jax.decode.loop import decode
+from es_jax.decode.queue import decode_queue
+from es_jax.es.member_axes import Member
 from es_jax.models import (
   forward,
   init_cache,
@@ -282,7 +282,7 @@ def main(argv=None) -> None:
 def tpu_bytes(cfg, args) -> None:
   """Compiled bytes accessed by one decode step for a TPU chip (deviceless compile), against
   the weights' bytes plus the filled KV slots' bytes, at each fill."""
-  from experiments import tpu_programs
+  from experiments.tpu import programs as tpu_programs
 
   mesh = tpu_programs.make_mesh(tpu_programs.topology_devices(args.topology), 1, 1)
   B, T, c = args.step_rows, args.budget, cfg
@@ -322,7 +322,7 @@ def tpu_bytes(cfg, args) -> None:
 def _instrument_floor(cfg, mesh, rows: int) -> None:
   """(c)'s compiler counting lone operations: a matmul at `rows` and 1 row against its weight's
   bytes, and a lookup of `rows` tokens against the embedding table's."""
-  from experiments import tpu_programs
+  from experiments.tpu import programs as tpu_programs
 
   sds = lambda s, dtype=cfg.jnp_dtype: tpu_programs._sds(s, dtype, mesh)  # noqa: E731
   counted = lambda fn, *a: tpu_programs.figures(jax.jit(fn).lower(*a).compile())["bytes_accessed"]  # noqa: E731

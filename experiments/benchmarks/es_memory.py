@@ -102,7 +102,9 @@ def child(args) -> dict:
   import numpy as np
   import optax
 
-  from es_jax import es, noise, population, sampling
+  from es_jax.decode import sampling
+  from es_jax.es import gradient as es
+  from es_jax.es import noise, population
   from es_jax.models import params as model_params
 
   n, M = args._child, args.members_per_chunk
@@ -166,7 +168,7 @@ def _xla_figures(state, ids, mask, eval_kw, apply_update, fitness) -> dict:
   """XLA's plan for the step's two programs, lowered with the arguments evaluate passes."""
   import jax
 
-  from es_jax import population
+  from es_jax.es import population
 
   key, settings = eval_kw["step_key"], eval_kw["settings"]
   lowered = population.population_completions.lower(

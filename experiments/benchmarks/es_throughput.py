@@ -32,7 +32,9 @@ import jax
 import numpy as np
 from flax import nnx
 
-from es_jax import members, noise, population, sampling, sharding
+from es_jax.decode import sampling
+from es_jax.devices import sharding
+from es_jax.es import members, noise, population
 from es_jax.models import Transformer, get_config, load_default
 from es_jax.models import params as model_params
 

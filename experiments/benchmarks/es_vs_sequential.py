@@ -39,8 +39,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from es_jax import es, members, noise, population, sampling
-from es_jax import fitness as fitness_lib
+from es_jax.decode import sampling
+from es_jax.es import fitness as fitness_lib
+from es_jax.es import gradient as es
+from es_jax.es import members, noise, population
 from es_jax.models import params as model_params
 from experiments.benchmarks._common import load_model, workload_parser
 

@@ -35,10 +35,10 @@ import warnings
 import jax
 import numpy as np
 
-from es_jax import grpo_update as gt
+from es_jax.decode.sampling import Decoding, pad_prompts
+from es_jax.grpo import update as gt
 from es_jax.models import Transformer, get_config, load_default, save_hf
 from es_jax.models import params as model_params
-from es_jax.sampling import Decoding, pad_prompts
 
 PROMPTS = [
   "Count from one to ten:",

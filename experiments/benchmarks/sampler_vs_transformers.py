@@ -23,8 +23,8 @@ import time
 import jax
 import numpy as np
 
+from es_jax.decode.sampling import Decoding, generate, pad_prompts
 from es_jax.models import Transformer, get_config, save_hf
-from es_jax.sampling import Decoding, generate, pad_prompts
 from experiments.benchmarks._common import load_model
 
 QUESTIONS = [

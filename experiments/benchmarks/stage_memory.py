@@ -8,8 +8,8 @@
 The goal (issue 37): the GRPO stage's peak resident set at most the ES stage's on the demo
 config. Each stage runs in its own interpreter (``--_child NAME``, same flags), so neither
 stage's compiled programs or allocator caches count in the other's figure. A child builds the
-run context as the CLI does (`experiments.run_context.make_context`: the model, the data, the
-evaluator), then runs ``--steps`` steps of the stage's `train` (``es_runner.train`` or
+run context as the CLI does (`experiments.runners.run_context.make_context`: the model, the data,
+the evaluator), then runs ``--steps`` steps of the stage's `train` (``es_runner.train`` or
 ``grpo_runner.train``) on the config's settings, with the persistent compilation cache off. It
 reads the kernel's peak resident set (``VmHWM`` in ``/proc/self/status``) after loading, then
 resets it (``/proc/self/clear_refs``) and reads it again after the steps:
@@ -18,7 +18,7 @@ resets it (``/proc/self/clear_refs``) and reads it again after the steps:
 * stage: the peak during the steps (compiles included), the figure the goal compares.
 
 ``--update_analysis PROMPT_LEN`` instead prints XLA's compiled memory analysis of the GRPO update
-alone (`es_jax.grpo_update.update_step(..., lower=True)` on abstract SmolLM2-135M shapes: no
+alone (`es_jax.grpo.update.update_step(..., lower=True)` on abstract SmolLM2-135M shapes: no
 weights, nothing run) for the demo's rollout (4 prompts x 8 generations, 32 new tokens, one
 mini-batch) at micro-batch sizes 16, 8 and 4, with and without ``remat``.
 
@@ -82,8 +82,8 @@ def apply_overrides(config, items: list[str]) -> None:
 
 def child(args) -> dict:
   """Runs one stage in this process and returns its memory figures."""
-  from es_jax import preemption
-  from experiments import es_runner, grpo_runner, run_context, train_loop
+  from es_jax.persist import preemption
+  from experiments.runners import es_runner, grpo_runner, run_context, train_loop
 
   spec = args._child
   stage = spec.split("@")[0]
@@ -119,7 +119,7 @@ def update_analysis(prompt_len: int) -> None:
   import jax
   import jax.numpy as jnp
 
-  from es_jax import grpo_update
+  from es_jax.grpo import update as grpo_update
   from es_jax.models import get_config, param_shapes
 
   config, rows, new_tokens = get_config("smollm2-135m"), 32, 32

@@ -1,5 +1,6 @@
 """Compiles the paper configs at full size for TPU topologies and prints the planner table, with
-es_jax.memory_plan's predicted bytes beside the compiled ones (ratio = predicted / compiled).
+es_jax.devices.memory_plan's predicted bytes beside the compiled ones (ratio = predicted /
+compiled).
 
     JAX_PLATFORMS=cpu python -m experiments.benchmarks.tpu_paper_configs [--cases easy_es_v5e,...]
         [--json out.json]
@@ -13,8 +14,10 @@ import argparse
 import json
 import time
 
-from es_jax import memory_plan
-from experiments import memory_check, tpu_plan, tpu_programs
+from es_jax.devices import memory_plan
+from experiments.tpu import memory_check
+from experiments.tpu import plan as tpu_plan
+from experiments.tpu import programs as tpu_programs
 
 CONFIGS = "experiments/configs/"
 CASES = {  # name: (config, topology, overrides, programs or None for the method's)

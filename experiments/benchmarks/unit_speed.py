@@ -18,10 +18,10 @@ its own process with the persistent compilation cache off, through the code the 
 
 ES steps are timed for ``--es_layouts`` only (default: ``default``): at 32 new tokens a
 ``kv_chunk`` of 128 already covers the whole cache, so both layouts run the dense step there
-(`es_jax.decode_loop.cache_length`), and a full-rank ES step costs minutes on a CPU.
+(`es_jax.decode.loop.cache_length`), and a full-rank ES step costs minutes on a CPU.
 
 The evaluation figure is its wall time less the seconds spent compiling in it
-(`experiments.compile_cache.compile_seconds`), per 1,000 sampled completions (the greedy ones
+(`experiments.infra.compile_cache.compile_seconds`), per 1,000 sampled completions (the greedy ones
 ride along, as in v1); ES is the mean ``step_seconds`` less ``compile_seconds`` of the steps
 after the first (which compiles most), per 256 completions. v1's recorded rates are wall clock
 over a whole stage (compiling included, once per stage): its evaluations took 8-11 min per
@@ -62,7 +62,7 @@ def _config(args, overrides: list[str]):
     for section in (config.data, config.eval):
       section.task_config = {**section.task_config, **ONE_DIGIT}
     # One-digit sums make about 242 distinct problems: a small training pool leaves the
-    # evaluation enough problems outside it (experiments.eval_data draws them disjoint).
+    # evaluation enough problems outside it (experiments.evaluation.data draws them disjoint).
     config.data.limit = 64
     config.eval.limit = args.problems
     config.eval.keep_samples = 0
@@ -76,8 +76,9 @@ def _config(args, overrides: list[str]):
 
 def child(args) -> dict:
   """One layout's figures, measured in this process."""
-  from es_jax import preemption
-  from experiments import compile_cache, es_runner, run_context, train_loop
+  from es_jax.persist import preemption
+  from experiments.infra import compile_cache
+  from experiments.runners import es_runner, run_context, train_loop
 
   overrides = [*LAYOUTS[args._child], *args.set]
   out: dict = {"layout": args._child}

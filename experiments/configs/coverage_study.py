@@ -8,8 +8,9 @@ held-out problems that Pass@k differences are measured, not guessed.
     python -m experiments.main --config experiments/configs/coverage_study.py:coverage \
         --workdir runs/coverage/coverage
 
-Default variant (`method="demo"`, experiments/demo.py): evaluates the base model, then runs "es"
-(the paper's z-score fitness), "es_coverage" (es.shaping="coverage", es_jax.fitness.coverage: a
+Default variant (`method="demo"`, experiments/studies/demo.py): evaluates the base model, then runs
+"es"
+(the paper's z-score fitness), "es_coverage" (es.shaping="coverage", es_jax.es.fitness.coverage: a
 success on a prompt counts 1 / (1 + the other members' successes on it); same seed, data order
 and noise keys as "es"), GRPO and both sequential schedules, each for 12 steps, and evaluates every
 final model on 50 problems that are not training prompts (one greedy answer and n = 8 samples at
@@ -54,7 +55,7 @@ def get_config(variant: str | None = None):
     c.demo.runs = "es,es_coverage,grpo,grpo_es,es_grpo"
     c.es.num_steps = c.grpo.num_steps = c.sequential.total_steps = 12
     # chain_sum's two one-digit terms make 200 problems, 143 of them in the 256 training rows:
-    # 50 of the other 57 are the evaluation (experiments.eval_data). The study's published
+    # 50 of the other 57 are the evaluation (experiments.evaluation.data). The study's published
     # figures were measured on 200 rows, 141 of them training prompts (to be re-measured).
     c.eval.limit = 50
     c.eval.every = 6

@@ -9,7 +9,8 @@
 Hardware: a 2-core CPU, no accelerator or network. Several hours (measured per stage in
 docs/results/fair_study.md); rerunning the command resumes where it stopped.
 
-What it runs (experiments/fair_study.py): SmolLM2-135M-Instruct on reasoning-gym basic_arithmetic
+What it runs (experiments/studies/fair_study.py): SmolLM2-135M-Instruct on reasoning-gym
+basic_arithmetic
 (two terms, + and −; study v1 used one-digit terms, now two-digit ones: see BASIC_ARITHMETIC;
 docs/results/fair_study.md compares the candidate tasks for v1's one-digit terms: the base
 model's Pass@1 is 0.24 and its Pass@16 0.73 here, against 0.19 and 0.72 on the demo's
@@ -19,7 +20,7 @@ setting), 16 prompts per step and 30 steps; the null control (shuffled fitness) 
 the same settings; GRPO runs G = 8 samples per prompt on the same 16 prompts per step for 30
 steps with the paper's β and clipping. ES's α and GRPO's lr come from three 6-step pilots each
 (the same tuning budget). Every final model and the base model are evaluated on the same 128
-problems, none of them a training prompt (experiments.eval_data): one greedy answer and n = 16
+problems, none of them a training prompt (experiments.evaluation.data): one greedy answer and n = 16
 samples at temperature 0.6 (Pass@1..Pass@16 with paired standard errors); the final ES population's
 JS_succ is measured at the calibrated σ.
 
@@ -33,8 +34,8 @@ from experiments.configs.base import smoke
 # generator): 20,392 distinct prompts in 300,000 draws, so 128 evaluation problems disjoint from
 # the 1,024 training rows exist. Study v1 (docs/results/fair_study.md, commit b41e45b) used
 # one-digit terms (max_digits=1): 242 expressions, and 125 of its 128 evaluation rows were training
-# prompts; that setting is now refused (experiments.eval_data). The base rates above were measured
-# on it.
+# prompts; that setting is now refused (experiments.evaluation.data). The base rates above were
+# measured on it.
 BASIC_ARITHMETIC = {
   "min_terms": 2,
   "max_terms": 2,

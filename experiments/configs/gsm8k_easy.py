@@ -90,7 +90,7 @@ def get_config(variant: str | None = None):
     periodic_limit=128,
     periodic_num_samples=4,
   )
-  # members_per_chunk=1 and eval.batch_size=64: compiled for v5e:2x4 (experiments.tpu_plan,
+  # members_per_chunk=1 and eval.batch_size=64: compiled for v5e:2x4 (experiments.tpu.plan,
   # docs/tpu_plan.md), 4 members per chunk need 38.0 GiB of temporaries per chip and a 264-row
   # eval batch 27.5 GiB (16 GiB HBM); 1 member: 13.6 GiB, 64 rows: 7.9 GiB.
   c.es.update(

@@ -6,11 +6,11 @@ model, data, checkpoint, mesh and decode; `evaluation`: eval; `training`: es, gr
 top-level fields and groups of the config. From these alone
 
   - `experiments.configs.base.base_config()` builds the ConfigDict (`defaults()`),
-  - `experiments.config_check.validate` checks every field with its rule (`declared()`),
-  - `--help_config` prints each field's help (`experiments.config_docs`).
+  - `experiments.schema.check.validate` checks every field with its rule (`declared()`),
+  - `--help_config` prints each field's help (`experiments.schema.docs`).
 
 Adding a field is one line in its group; adding a group is a `Group` in its module and its line
-in `LAYOUT`. Rules that involve several fields live in `experiments.config_rules`.
+in `LAYOUT`. Rules that involve several fields live in `experiments.schema.rules`.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import functools
 
 import ml_collections
 
-from experiments.config_values import Field, Group
 from experiments.fields import evaluation, run, studies, training
+from experiments.schema.values import Field, Group
 
 METHODS = run.METHODS
 METHOD_GROUPS = run.METHOD_GROUPS

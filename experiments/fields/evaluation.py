@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.config_values import (
+from experiments.schema.values import (
   NON_NEGATIVE,
   PROBABILITY,
   Field,
@@ -21,7 +21,8 @@ from experiments.config_values import (
 
 
 def _task_list(x: Any) -> str | None:
-  """A list of tasks; each entry is checked when the evaluation loads (experiments.eval_tasks)."""
+  """A list of tasks; each entry is checked when the evaluation loads
+  (experiments.evaluation.tasks)."""
   return None if isinstance(x, list | tuple) else "need a list"
 
 
@@ -49,7 +50,7 @@ EVAL = Group(
       boolean,
       "every evaluation is disjoint from the training pool: reasoning-gym tasks draw problems "
       "outside it; a file or TFDS task's rows that are training prompts are counted and warned "
-      "about, and with drop_seen=True dropped, repeated rows too (experiments.eval_data)",
+      "about, and with drop_seen=True dropped, repeated rows too (experiments.evaluation.data)",
     ),
     "num_samples": Field(8, integer(1), "n samples per problem at `temperature` (paper: 32)"),
     "temperature": Field(0.6, NON_NEGATIVE, "sampling temperature (0 = greedy)"),
@@ -59,7 +60,7 @@ EVAL = Group(
     "refill": Field(
       False,
       boolean,
-      "continuous batching (es_jax.decode_queue): a block's samples go through batch_size rows, a "
+      "continuous batching (es_jax.decode.queue): a block's samples go through batch_size rows, a "
       "row refilled as its sample ends, so decode steps follow the tokens generated rather than "
       "each batch's longest completion; draws per sample differ from refill=False's (own keys)",
     ),

@@ -3,7 +3,7 @@ data, checkpoints, the device mesh, the decode layout, and the top-level switche
 
 from __future__ import annotations
 
-from experiments.config_values import (
+from experiments.schema.values import (
   NON_NEGATIVE,
   Field,
   Group,
@@ -21,17 +21,17 @@ from experiments.config_values import (
 # The one method table: config.method -> the runner "module:function(config, workdir)" that
 # experiments.main calls.
 METHODS = {
-  "es": "experiments.es_runner:run",
-  "grpo": "experiments.grpo_runner:run",
-  "sequential": "experiments.sequential:run",
-  "evaluate": "experiments.evaluate:run",
-  "demo": "experiments.demo:run",
-  "sparsity": "experiments.sparsity:run",
-  "population_sweep": "experiments.population_sweep:run",
-  "diversity": "experiments.diversity:run",
-  "report": "experiments.report:run",
-  "calibrate": "experiments.calibration:run",
-  "fair_study": "experiments.fair_study:run",
+  "es": "experiments.runners.es_runner:run",
+  "grpo": "experiments.runners.grpo_runner:run",
+  "sequential": "experiments.runners.sequential:run",
+  "evaluate": "experiments.evaluation.evaluate:run",
+  "demo": "experiments.studies.demo:run",
+  "sparsity": "experiments.studies.sparsity:run",
+  "population_sweep": "experiments.studies.population_sweep:run",
+  "diversity": "experiments.studies.diversity:run",
+  "report": "experiments.reports.report:run",
+  "calibrate": "experiments.studies.calibration:run",
+  "fair_study": "experiments.studies.fair_study:run",
 }
 
 _TRAINING_GROUPS = ("model", "data", "eval", "checkpoint", "mesh", "decode")
@@ -64,14 +64,15 @@ MAX_UPDATE_RATIO = Field(
   NON_NEGATIVE,
   "stop a run (one `error:` line, exit status 2) when one update changes the weights by more than "
   "this fraction of their norm, ‖Δθ‖₂/‖θ‖₂ (ES: a step; GRPO: an optimizer step); 0 = no check. "
-  "The shipped configs' smoke runs reach at most 0.012 (docs/usage.md; experiments/run_guard.py)",
+  "The shipped configs' smoke runs reach at most 0.012 (docs/usage.md; "
+  "experiments/runners/run_guard.py)",
 )
 PROGRESS = Field(True, boolean, "progress lines while a dataset is generated or an evaluation runs")
 LOG_SAMPLES_EVERY = Field(
   10,
   integer(0),
   "write training completions every this many steps and at each stage's first and last step "
-  "(0 = never) into WORKDIR/samples.jsonl and TensorBoard text (experiments/samples_log.py)",
+  "(0 = never) into WORKDIR/samples.jsonl and TensorBoard text (experiments/infra/samples_log.py)",
 )
 LOG_SAMPLES = Field(
   4,
@@ -81,7 +82,7 @@ LOG_SAMPLES = Field(
 )
 
 MODEL = Group(
-  "where the weights come from (experiments.model_io.load_model)",
+  "where the weights come from (experiments.runners.model_io.load_model)",
   {
     "source": Field(
       "default",
@@ -186,7 +187,8 @@ MESH = Group(
     "check_memory": Field(
       True,
       boolean,
-      "on TPU, refuse (before the first step) a config whose programs es_jax.memory_plan predicts "
+      "on TPU, refuse (before the first step) a config whose programs es_jax.devices.memory_plan "
+      "predicts "
       "not to fit the chip's HBM; False skips the check",
     ),
   },

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from experiments.config_values import (
+from experiments.configs.choices import DEMO_RUNS, DIVERSITY_KINDS, FAIR_STAGES
+from experiments.schema.values import (
   NON_NEGATIVE,
   POSITIVE,
   PROBABILITY,
@@ -20,7 +21,6 @@ from experiments.config_values import (
   one_of_registry,
   text,
 )
-from experiments.configs.choices import DEMO_RUNS, DIVERSITY_KINDS, FAIR_STAGES
 
 _POSITIVES = number_sequence(POSITIVE, "need a non-empty tuple of numbers > 0")
 
@@ -133,7 +133,8 @@ DIVERSITY = Group(
 )
 
 FAIR = Group(
-  "method=fair_study (experiments/fair_study.py): σ from method=calibrate; pilots scored by "
+  "method=fair_study (experiments/studies/fair_study.py): σ from method=calibrate; pilots scored "
+  "by "
   "training reward (ES α = ratio·σ for each of alpha_ratios, GRPO lr for each of grpo_lrs; the "
   "first listed wins ties); then demo.runs at the chosen values, the diversity study of the final "
   "ES model and the drift and sparsity of the ES-type runs against the null-walk prediction",
@@ -152,7 +153,8 @@ FAIR = Group(
     "design": Field(
       1,
       one_of((1, 2)),
-      "2: study v2 (experiments/study_v2.py): pilot grids extended until each winner is "
+      "2: study v2 (experiments/studies/fair_study_v2.py): pilot grids extended until each winner "
+      "is "
       "interior; ES arms at the calibrated σ, at a wider σ with measurable JS_succ and with "
       "sampled fitness; a second seed for the best ES arm and GRPO; arms that move sampled Pass@1 "
       "rerun with their null",
@@ -166,7 +168,7 @@ FAIR = Group(
 )
 
 REPORT = Group(
-  "method=report: a report across runs, read from their files (experiments/report.py)",
+  "method=report: a report across runs, read from their files (experiments/reports/report.py)",
   {
     "workdirs": Field(
       "",

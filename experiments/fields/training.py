@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from experiments.config_values import (
+from experiments.configs.choices import GRPO_ADVANTAGE_STD, SEQUENTIAL_ORDERS
+from experiments.schema.values import (
   FRACTION,
   NON_NEGATIVE,
   POSITIVE,
@@ -15,7 +16,6 @@ from experiments.config_values import (
   one_of,
   one_of_registry,
 )
-from experiments.configs.choices import GRPO_ADVANTAGE_STD, SEQUENTIAL_ORDERS
 
 # es.master_dtype and grpo.master_dtype: the dtype the trained weights are kept and updated in.
 _MASTER_DTYPES = ("float32", "")
@@ -30,8 +30,9 @@ ES = Group(
     "optimizer": Field("sgd", one_of(("sgd", "adam")), "'sgd' (the paper) | 'adam'"),
     "shaping": Field(
       "zscore",
-      one_of_registry("es_jax.fitness:SHAPINGS", sort=True),
-      "rewards to fitness weights (es_jax.fitness): zscore | centered_rank | per_prompt_zscore | "
+      one_of_registry("es_jax.es.fitness:SHAPINGS", sort=True),
+      "rewards to fitness weights (es_jax.es.fitness): zscore | centered_rank | per_prompt_zscore "
+      "| "
       "coverage | shuffled (the null control: z-scores permuted across members each step, same "
       "drift, no signal)",
     ),
@@ -39,7 +40,7 @@ ES = Group(
     "rank": Field(0, integer(0), "0 = full rank; r > 0 = EGGROLL low rank r"),
     "low_rank_vectors": Field(
       "full",
-      one_of_registry("es_jax.noise:LOW_RANK_VECTORS"),
+      one_of_registry("es_jax.es.noise:LOW_RANK_VECTORS"),
       "'full' | 'frozen': non-matrix leaves in low rank",
     ),
     "master_dtype": Field(
@@ -52,10 +53,10 @@ ES = Group(
     ),
     "arithmetic": Field(
       "fp32",
-      one_of_registry("es_jax.noise:SPEC_PRECISIONS"),
-      "how a member θ + σε is formed (es_jax.noise.NoiseSpec's precision): 'fp32': float32(w) + "
+      one_of_registry("es_jax.es.noise:SPEC_PRECISIONS"),
+      "how a member θ + σε is formed (es_jax.es.noise.NoiseSpec's precision): 'fp32': float32(w) + "
       "σε, rounded once to the weights' dtype; 'bf16_faithful': round(w + round(σε)); "
-      "'bf16_shared_noise': Qiu et al.'s code (es_jax.reference_arithmetic: one bf16 noise per "
+      "'bf16_shared_noise': Qiu et al.'s code (es_jax.es.reference_arithmetic: one bf16 noise per "
       "tensor shape, in-place perturb/restore residues, the update summed in bf16); "
       "'bf16_tensor_noise': the understanding-es reproduction's code (per-tensor fp32 noise, σε "
       "rounded once, the update summed in fp32). All but 'fp32' need master_dtype ''; the last "
@@ -98,8 +99,8 @@ GRPO = Group(
     "eps_high": Field(0.2, NON_NEGATIVE, "the ratio clip's upper ε"),
     "aggregation": Field(
       "seq_mean_token_mean",
-      one_of_registry("es_jax.grpo:AGGREGATIONS"),
-      "how token losses are averaged (es_jax.grpo.AGGREGATIONS)",
+      one_of_registry("es_jax.grpo.loss:AGGREGATIONS"),
+      "how token losses are averaged (es_jax.grpo.loss.AGGREGATIONS)",
     ),
     "advantage_std": Field(
       "population",

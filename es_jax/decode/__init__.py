@@ -1,0 +1,2 @@
+"""Decoding: `sampling.generate`, the jitted decode loop, continuous batching (`queue`) and the
+token samplers."""

@@ -1,0 +1,2 @@
+"""Where a program sits on chips: the ('pop', 'model') mesh and shardings, the per-chip memory
+estimates."""

@@ -1,0 +1,1 @@
+"""GRPO: the loss (`loss`), rollouts, the training state and the update step."""

@@ -1,0 +1,1 @@
+"""What outlives a process: checkpoints, their integrity digests, the SIGTERM save."""

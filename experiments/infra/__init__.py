@@ -1,0 +1,2 @@
+"""What every run shares: logs, progress, the compile cache, the workdir lock, the completions
+log."""

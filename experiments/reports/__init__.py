@@ -1,0 +1,1 @@
+"""Reports across finished runs: their files, curves, tables and plots."""

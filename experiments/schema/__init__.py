@@ -1,0 +1,2 @@
+"""The config's rules (`check`), cross-field rules, errors and `--help_config`; the defaults live in
+experiments/configs/."""
