@@ -11,13 +11,11 @@ LIMIT = 8
 # the entry when its function is fixed), and no other function may join them.
 KNOWN = {
   "data/__init__.py::load_task": 9,
-  "grpo.py::_loss_metrics": 9,
-  "grpo.py::grpo_loss": 11,
-  "grpo_rollout.py::rollout": 9,
-  "grpo_update.py::_update_step": 9,
-  "grpo_update.py::update_step": 9,
-  "memory_plan.py::grpo_update_estimate": 10,
-  "memory_plan.py::population_estimate": 9,
+  "grpo/loss.py::_loss_metrics": 9,
+  "grpo/loss.py::grpo_loss": 11,
+  "grpo/rollout.py::rollout": 9,
+  "grpo/update.py::_update_step": 9,
+  "grpo/update.py::update_step": 9,
   "models/transformer.py::forward": 12,
   "rewards/code.py::run_sandboxed": 10,
 }

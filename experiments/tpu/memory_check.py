@@ -21,6 +21,7 @@ from es_jax.devices.memory_plan import (
   population_estimate,
 )
 from es_jax.models.config import ModelConfig
+from experiments import fields
 
 # Programs each experiment method runs (experiments.tpu.plan compiles the same).
 METHOD_PROGRAMS = {
@@ -57,7 +58,7 @@ def predict(
   c, es, grpo, ev = model_config, config.es, config.grpo, config.eval
   prompts = int(config.data.prompts_per_step)
   rows = prompts * int(grpo.num_generations)
-  master = str(grpo.get("master_dtype", "float32") or "") or None
+  master = str(grpo.get("master_dtype", fields.default("grpo.master_dtype")) or "") or None
   split = Split(pop, model)
   if program == "es_population":
     return population_estimate(
@@ -95,7 +96,7 @@ def predict(
       with_reference=float(grpo.beta) > 0,
       split=split,
       master_dtype=master,
-      remat=bool(grpo.get("remat", False)),
+      remat=bool(grpo.get("remat", fields.default("grpo.remat"))),
     )
   raise ValueError(f"memory_check.predict: unknown program {program!r}")
 
