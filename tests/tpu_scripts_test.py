@@ -67,7 +67,8 @@ def env(tmp_path):
   shutil.copytree(SCRIPTS_DIR, repo / "tpu_scripts")
   (repo / "experiments" / "configs").mkdir(parents=True)
   (repo / "experiments" / "configs" / "deepscaler_hard.py").write_text("")
-  (repo / "experiments" / "tpu_plan.py").write_text("")  # the planner itself is the stub
+  (repo / "experiments" / "tpu").mkdir()
+  (repo / "experiments" / "tpu" / "plan.py").write_text("")  # the planner itself is the stub
   drop = ("ZONE", "RUNTIME", "PROJECT", "TOPOLOGY", "CREATE_FLAGS")
   e = {k: v for k, v in os.environ.items() if k not in drop}
   e.update(
@@ -223,10 +224,10 @@ def test_launch_refuses_when_the_planner_says_no(env):
 
 
 def test_launch_without_planner_needs_skip_plan(env):
-  (env["repo"] / "experiments" / "tpu_plan.py").unlink()
+  (env["repo"] / "experiments" / "tpu" / "plan.py").unlink()
   cfg, wd = "experiments/configs/deepscaler_hard.py", "gs://b/r"
   r = _run(env, "launch.sh", cfg, wd, repo=True, check=2)
-  assert "tpu_plan.py" in r.stderr and "--skip-plan" in r.stderr and _gcloud_calls(env) == []
+  assert "tpu/plan.py" in r.stderr and "--skip-plan" in r.stderr and _gcloud_calls(env) == []
   _run(env, "launch.sh", "--skip-plan", cfg, wd, repo=True, check=0)
   assert _argv(env, "experiments.main")[3] == cfg
 
