@@ -85,7 +85,10 @@ def _launch(workdir, method: str, overrides: dict, cache: str) -> None:
     HF_HUB_OFFLINE="1",
     TRANSFORMERS_OFFLINE="1",
   )
-  env.pop("XLA_FLAGS", None)
+  # The workers compile at this process's XLA optimisation level (tests/conftest.py), so that their
+  # results can equal the in-process reference bit for bit; the fake-device flags stay behind.
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  env["XLA_FLAGS"] = " ".join(f for f in flags if "optimization_level" in f)
   config = os.path.join(ROOT, "experiments", "configs", "demo.py")
   command = [sys.executable, "-m", "experiments.main", f"--config={config}:smoke"]
   command += [f"--workdir={workdir}", *_flags(method, overrides)]

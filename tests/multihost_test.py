@@ -29,7 +29,10 @@ def _free_port() -> int:
 def _run_workers(tmp_path):
   port = _free_port()
   env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
-  env.pop("XLA_FLAGS", None)
+  # The workers compile at this process's XLA optimisation level (tests/conftest.py), so that their
+  # results can equal the in-process reference bit for bit; the fake-device flags stay behind.
+  flags = os.environ.get("XLA_FLAGS", "").split()
+  env["XLA_FLAGS"] = " ".join(f for f in flags if "optimization_level" in f)
   outs = [tmp_path / f"process{i}.npz" for i in range(2)]
   procs = [
     subprocess.Popen(
