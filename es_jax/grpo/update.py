@@ -41,7 +41,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import _checks
-from es_jax.grpo.loss import check_hyperparameters, grpo_loss
+from es_jax.grpo.loss import LossSettings, grpo_loss  # noqa: F401  (LossSettings re-exported)
 from es_jax.grpo.rollout import (  # noqa: F401  (re-exported: one import for a GRPO loop)
   GRPOBatch,
   _check_divisible,
@@ -69,16 +69,17 @@ class UpdateSettings:
   """How `update_step` trains on one rollout: the loss, the batching, what it recomputes.
 
   One value, validated on construction: a ValueError whose message starts with the field
-  (``UpdateSettings.eps_low=1.5 must be ...``). A pytree, as `es_jax.decode.sampling.Decoding`: the
-  loss's numbers ``eps_low``, ``eps_high`` and ``beta`` are its leaves, traced in the jitted step
-  (a new value does not recompile); the other fields are static.
+  (``UpdateSettings.micro_batch_size=0 must be ...``). A pytree, as
+  `es_jax.decode.sampling.Decoding`: the loss's numbers (`LossSettings`' ``eps_low``, ``eps_high``
+  and ``beta``) are its leaves, traced in the jitted step (a new value does not recompile); the
+  other fields are static.
 
   Attributes:
     mini_batch_size: M rows (sequences, not prompts) per optimizer step; B % M == 0. The paper's
       32-prompt mini-batch with G = 8 is M = 256.
     micro_batch_size: rows per device per gradient-accumulation step; M % (m · devices) == 0.
-    eps_low, eps_high, beta, aggregation: see `es_jax.grpo.loss.grpo_loss`; β = 0 skips the
-    reference.
+    loss: the clip, KL and aggregation settings (`es_jax.grpo.loss.LossSettings`), passed whole
+      to `grpo_loss`; β = 0 skips the reference.
     use_sampler_logp: take π_old from the sampler (batch.sampler_logp) instead of recomputing it
       with a forward pass; cheaper, but sampler and training numerics may differ slightly. With
       a single mini-batch (M = B) no recomputation is needed: π_old is the policy being trained.
@@ -90,10 +91,7 @@ class UpdateSettings:
 
   mini_batch_size: int
   micro_batch_size: int
-  eps_low: float | jax.Array = 0.2
-  eps_high: float | jax.Array = 0.2
-  beta: float | jax.Array = 0.0
-  aggregation: str = "seq_mean_token_mean"
+  loss: LossSettings = LossSettings()
   use_sampler_logp: bool = False
   chunk_size: int | None = None
   remat: bool = False
@@ -104,9 +102,8 @@ class UpdateSettings:
     _checks.positive_int(self.micro_batch_size, f"{name}.micro_batch_size")
     if self.chunk_size is not None:
       _checks.positive_int(self.chunk_size, f"{name}.chunk_size")
-    check_hyperparameters(
-      self.aggregation, self.beta, self.eps_low, self.eps_high, prefix=f"{name}."
-    )
+    if not isinstance(self.loss, LossSettings):
+      raise ValueError(f"{name}.loss={self.loss!r} must be an es_jax.grpo.loss.LossSettings.")
     object.__setattr__(self, "use_sampler_logp", bool(self.use_sampler_logp))
     object.__setattr__(self, "remat", bool(self.remat))
 
@@ -121,18 +118,14 @@ class UpdateSettings:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self)
 
   def tree_flatten(self):
-    static = (self.mini_batch_size, self.micro_batch_size, self.aggregation)
-    static += (self.use_sampler_logp, self.chunk_size, self.remat)
-    return (self.eps_low, self.eps_high, self.beta), static
+    static = (self.mini_batch_size, self.micro_batch_size, self.use_sampler_logp)
+    return (self.loss,), (*static, self.chunk_size, self.remat)
 
   @classmethod
   def tree_unflatten(cls, static, leaves):
-    # No validation: leaves may be tracers, shardings or abstract values here.
-    out = object.__new__(cls)
-    names = ("mini_batch_size", "micro_batch_size", "aggregation", "use_sampler_logp")
-    names += ("chunk_size", "remat", "eps_low", "eps_high", "beta")
-    for name, value in zip(names, (*static, *leaves), strict=True):
-      object.__setattr__(out, name, value)
+    out = object.__new__(cls)  # no validation: leaves may be tracers or abstract values here
+    names = ("mini_batch_size", "micro_batch_size", "use_sampler_logp", "chunk_size", "remat")
+    vars(out).update(zip((*names, "loss"), (*static, *leaves), strict=True))
     return out
 
 
@@ -177,11 +170,13 @@ def update_step(
   """
   _check_batch(batch)
   settings.check_rows(np.shape(batch.tokens)[0], 1 if mesh is None else mesh.shape[data_axis])
-  beta_value = _checks.concrete_float(settings.beta)
+  beta_value = _checks.concrete_float(settings.loss.beta)
   if beta_value == 0.0:
     ref_params = None  # No KL term: skip the reference forward pass entirely.
   elif ref_params is None:
-    raise ValueError(f"beta={settings.beta} > 0 needs ref_params (the frozen reference policy).")
+    raise ValueError(
+      f"beta={settings.loss.beta} > 0 needs ref_params (the frozen reference policy)."
+    )
   program = _update_step.lower if lower else _update_step
   return program(
     state,
@@ -308,7 +303,7 @@ def _micro_batches(params, batch, ref_params, settings, layout, score, compute_d
 
   # Normalisers of the mini-batch loss, so each micro-batch's loss is weighted to sum to it.
   tokens_per_micro = jnp.sum(data["loss_mask"], axis=-1, dtype=jnp.float32)  # [num_mini, n, m]
-  if settings.aggregation == "token_mean":
+  if settings.loss.aggregation == "token_mean":
     count = jnp.sum(tokens_per_micro, axis=-1)  # [num_mini, n]
   else:
     count = jnp.full((layout.num_mini, layout.num_micro), float(layout.micro_rows))
@@ -327,16 +322,15 @@ def _frozen_logp(params, *, data, score, compute_dtype, layout):
 def _micro_loss(params, d, *, score, settings, length):
   """One micro-batch's loss, weighted to its share of the mini-batch's, and its metrics."""
   logp, entropy = score(params, d["tokens"], d["mask"])  # [m, T]
+  # Without a reference, beta is the Python float 0.0 grpo_loss needs to drop the KL term.
+  loss_settings = settings.loss if "ref_logp" in d else dataclasses.replace(settings.loss, beta=0.0)
   loss, metrics = grpo_loss(
     logp,
     d.get("old_logp", jax.lax.stop_gradient(logp)),
     d.get("ref_logp"),
     d["advantages"],
     d["loss_mask"],
-    eps_low=settings.eps_low,
-    eps_high=settings.eps_high,
-    beta=settings.beta if "ref_logp" in d else 0.0,
-    aggregation=settings.aggregation,
+    loss_settings,
     entropy=entropy,
     max_length=length,
   )
