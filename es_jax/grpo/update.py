@@ -14,7 +14,7 @@ PPO mini-batch 32). Each mini-batch's gradient is accumulated over micro-batches
 weighted so that the sum equals the gradient of the loss over the whole mini-batch for every
 aggregation. `UpdateSettings` holds the loss's and the batching's settings.
 
-Data parallelism: the batch's leading axis is sharded over the mesh axis `data_axis` ('pop', the
+Data parallelism: the batch's leading axis is sharded over the mesh axis `DATA_AXIS` ('pop', the
 axis ES uses for its population); parameters are replicated, or split over another mesh axis
 (they keep the layout they come with). Mini-batch i holds rows {i + k · num_mini}, a partition
 that does not depend on the number of devices, so the sharded step equals the single-device step
@@ -43,6 +43,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from es_jax import _checks
 from es_jax.grpo.loss import LossSettings, grpo_loss  # noqa: F401  (LossSettings re-exported)
 from es_jax.grpo.rollout import (  # noqa: F401  (re-exported: one import for a GRPO loop)
+  DATA_AXIS,
   GRPOBatch,
   _check_divisible,
   completion_logprobs,
@@ -138,7 +139,6 @@ def update_step(
   config: ModelConfig,
   optimizer: optax.GradientTransformation,
   mesh: Mesh | None = None,
-  data_axis: str = "pop",
   lower: bool = False,
 ) -> tuple[GRPOState, dict[str, jax.Array]] | jax.stages.Lowered:
   """B / mini_batch_size optimizer steps on one rollout, minimising `es_jax.grpo.loss.grpo_loss`.
@@ -148,12 +148,12 @@ def update_step(
 
   Args:
     state: the rollout policy's state; its params are π_old for the whole step.
-    batch: from `rollout` + `with_advantages`, leading axis sharded over `data_axis` if `mesh`.
+    batch: from `rollout` + `with_advantages`, leading axis sharded over `DATA_AXIS` if `mesh`.
     ref_params: frozen reference π_ref for the k3 KL term; not needed (ignored) when beta == 0.
     settings: the loss and batching (`UpdateSettings`).
     config: the model config (static).
     optimizer: e.g. `make_optimizer(...)` (static: the same object reuses the compiled step).
-    mesh, data_axis: the device mesh and the batch's axis on it. Params (and the optimizer
+    mesh: the device mesh, its `DATA_AXIS` splitting the batch's rows. Params (and the optimizer
       state) keep the shardings they come with: replicated (`replicate`), or split over another
       mesh axis (e.g. es_jax.devices.sharding.shard_params over 'model'); the mesh needs Auto axes.
     lower: return the lowered program (`jax.stages.Lowered`) instead of running it. Every check
@@ -169,7 +169,7 @@ def update_step(
     for `make_optimizer`, `learning_rate`.
   """
   _check_batch(batch)
-  settings.check_rows(np.shape(batch.tokens)[0], 1 if mesh is None else mesh.shape[data_axis])
+  settings.check_rows(np.shape(batch.tokens)[0], 1 if mesh is None else mesh.shape[DATA_AXIS])
   beta_value = _checks.concrete_float(settings.loss.beta)
   if beta_value == 0.0:
     ref_params = None  # No KL term: skip the reference forward pass entirely.
@@ -186,7 +186,6 @@ def update_step(
     config=config,
     optimizer=optimizer,
     mesh=mesh,
-    data_axis=data_axis,
     state_shardings=None if mesh is None else state_shardings(state),
   )
 
@@ -222,12 +221,11 @@ class _Layout(NamedTuple):
   micro_rows: int  # m: one accumulation step over all devices
   mini_batch_size: int
   mesh: Mesh | None
-  data_axis: str
 
-  def constrain(self, x, lead):  # keeps the row axis (after `lead` unsharded axes) on data_axis
+  def constrain(self, x, lead):  # keeps the row axis (after `lead` unsharded axes) on DATA_AXIS
     if self.mesh is None:
       return x
-    spec = PartitionSpec(*([None] * lead), self.data_axis)
+    spec = PartitionSpec(*([None] * lead), DATA_AXIS)
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def to_micro(
@@ -246,17 +244,15 @@ _TOKEN_METRICS = ("kl", "ratio_mean", "clip_frac", "clip_frac_low", "clip_frac_h
   jax.jit,
   # Static: the model and optimizer structure and the layout (`settings` keeps its own static
   # fields); the state's shardings, so the new state is laid out as the old one.
-  static_argnames=("config", "optimizer", "mesh", "data_axis", "state_shardings"),
+  static_argnames=("config", "optimizer", "mesh", "state_shardings"),
   donate_argnames=("state",),
 )
-def _update_step(
-  state, batch, ref_params, settings, *, config, optimizer, mesh, data_axis, state_shardings
-):
+def _update_step(state, batch, ref_params, settings, *, config, optimizer, mesh, state_shardings):
   mini = settings.mini_batch_size
-  devices = 1 if mesh is None else mesh.shape[data_axis]
+  devices = 1 if mesh is None else mesh.shape[DATA_AXIS]
   micro_rows = settings.micro_batch_size * devices
   num_mini = batch.tokens.shape[0] // mini
-  layout = _Layout(num_mini, mini // micro_rows, micro_rows, mini, mesh, data_axis)
+  layout = _Layout(num_mini, mini // micro_rows, micro_rows, mini, mesh)
   T = batch.completion_length
   score = functools.partial(completion_logprobs, config=config, completion_length=T)
   score = functools.partial(score, chunk_size=settings.chunk_size)
