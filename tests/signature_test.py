@@ -12,7 +12,6 @@ LIMIT = 8
 KNOWN = {
   "data/__init__.py::load_task": 9,
   "models/transformer.py::forward": 12,
-  "rewards/code.py::run_sandboxed": 10,
 }
 
 
