@@ -17,6 +17,7 @@ from es_jax.decode.sampling import Decoding
 from es_jax.grpo import update as gt
 from es_jax.grpo.loss import grpo_loss, token_logprobs
 from es_jax.models import (
+  ForwardMode,
   Transformer,
   cast_params,
   forward,
@@ -407,15 +408,19 @@ def test_last_only_n_gives_the_last_n_positions_and_their_gradient(key):
   p = params(Transformer(cfg, rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(key, (2, 9), 0, cfg.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+
   # Jitted: one compile per program instead of one per operation.
-  fwd = jax.jit(lambda p, n: forward(p, tokens, pos, config=cfg, last_only=n)[0], static_argnums=1)
+  def fwd_(p, n):
+    return forward(p, tokens, pos, config=cfg, mode=ForwardMode(last_only=n))[0]
+
+  fwd = jax.jit(fwd_, static_argnums=1)
   full, last = fwd(p, False), fwd(p, 4)
   assert last.shape == (2, 4, cfg.vocab_size)
   np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -4:]), rtol=1e-5, atol=1e-5)
   assert fwd(p, True).shape == (2, 1, cfg.vocab_size)
 
   def loss(p, n):
-    logits = forward(p, tokens, pos, config=cfg, last_only=n)[0][:, -4:]
+    logits = fwd_(p, n)[:, -4:]
     return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
 
   grad = jax.jit(jax.grad(loss), static_argnums=1)

@@ -20,7 +20,13 @@ from es_jax import _checks
 from es_jax.decode.sampling import Completions, Decoding, generate
 from es_jax.grpo.loss import group_advantages, token_logprobs_from_logits
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import Params, cast_params, forward, positions_from_mask
+from es_jax.models.transformer import (
+  ForwardMode,
+  Params,
+  cast_params,
+  forward,
+  positions_from_mask,
+)
 
 DATA_AXIS = "pop"  # the mesh axis the B rows are split over
 
@@ -147,7 +153,7 @@ def completion_logprobs(
 
   Equals `es_jax.grpo.loss.token_logprobs(...)[:, -T:]` on completion tokens; only the completion's
   [B, T, V] logits are turned into log-probabilities. Returns (logp, entropy), each [B, T] f32.
-  `remat` recomputes each layer in the backward pass (see `es_jax.models.transformer.forward`).
+  `remat` recomputes each layer in the backward pass (see `es_jax.models.ForwardMode`).
   """
   positions = positions_from_mask(mask)
   # Only the last T + 1 positions go through the lm head ([B, T + 1, V], not [B, S, V]); the
@@ -158,8 +164,7 @@ def completion_logprobs(
     positions,
     config=config,
     mask=mask,
-    last_only=completion_length + 1,
-    remat=remat,
+    mode=ForwardMode(last_only=completion_length + 1, remat=remat),
   )
   logits = logits[:, :-1]  # [B, T, V]: row j predicts token S − T + j
   return token_logprobs_from_logits(logits, tokens[:, -completion_length:], chunk_size=chunk_size)
