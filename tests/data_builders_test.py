@@ -41,7 +41,7 @@ def test_aime_field_aliases_and_integer_gold(tmp_path):
   source = tmp_path / "aime25"
   write(source / "aime2025-I.jsonl", jsonl([{"question": "Q1", "answer": "70"}]))
   write(source / "aime2025-II.jsonl", jsonl([{"question": "Q2", "answer": "x+1"}]))
-  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(source)}
+  kwargs = {"files": data.DataFiles(str(tmp_path / "tfds"), str(source))}
   with pytest.raises(data.BadRowError, match="aime2025-II.jsonl, line 1: field 'answer': AIME"):
     data.load_task("aime25", "test", **kwargs)
   examples = data.load_task("aime25", "test", on_bad_row="skip", **kwargs)
@@ -238,7 +238,7 @@ def test_unreadable_rows_in_json_lists_and_csv(tmp_path):
   ]
   (tmp_path / "ds").mkdir()
   (tmp_path / "ds" / "deepscaler.json").write_bytes(b"[\n" + b",\n".join(rows) + b"\n]\n")
-  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "ds")}
+  kwargs = {"files": data.DataFiles(str(tmp_path / "tfds"), str(tmp_path / "ds"))}
   with pytest.raises(data.BadRowError, match="deepscaler.json, line 3: field 'problem': not valid"):
     data.load_task("deepscaler", "train", **kwargs)
   examples = data.load_task("deepscaler", "train", on_bad_row="skip", **kwargs)
@@ -254,7 +254,7 @@ def test_unreadable_rows_in_json_lists_and_csv(tmp_path):
   lines = [header.encode(), b"Q1,a,b,c,d", b"Q\xe92,a,b,c,d", b"Q3,a,b,c,d"]
   (tmp_path / "gpqa").mkdir()
   (tmp_path / "gpqa" / "gpqa_diamond.csv").write_bytes(b"\n".join(lines) + b"\n")
-  kwargs = {"data_dir": str(tmp_path / "tfds"), "source_dir": str(tmp_path / "gpqa")}
+  kwargs = {"files": data.DataFiles(str(tmp_path / "tfds"), str(tmp_path / "gpqa"))}
   with pytest.raises(data.BadRowError, match="gpqa_diamond.csv, line 3: field 'Question'"):
     data.load_task("gpqa", "diamond", **kwargs)
   assert len(data.load_task("gpqa", "diamond", on_bad_row="skip", **kwargs)) == 2

@@ -15,10 +15,9 @@ def jsonl(rows):
   return "".join(json.dumps(r) + "\n" for r in rows)
 
 
-def load(tmp_path, name, split, **kwargs):
-  return data.load_task(
-    name, split, data_dir=str(tmp_path / "tfds"), source_dir=str(tmp_path / "src"), **kwargs
-  )
+def load(tmp_path, name, split, progress=True, **kwargs):
+  files = data.DataFiles(str(tmp_path / "tfds"), str(tmp_path / "src"), progress)
+  return data.load_task(name, split, files=files, **kwargs)
 
 
 GSM8K_ROWS = [

@@ -65,7 +65,7 @@ def test_skip_counts_every_bad_row_and_warns(tmp_path, caplog):
   assert any("skipped 3 bad row(s)" in r.getMessage() for r in caplog.records)
   # The policy applies when reading: the same prepared data still raises on request.
   with pytest.raises(data.BadRowError, match="line 1: field 'answer': missing"):
-    data.load_task("gsm8k", "train", data_dir=str(tmp_path / "tfds"))
+    data.load_task("gsm8k", "train", files=data.DataFiles(str(tmp_path / "tfds")))
 
 
 def test_split_with_only_bad_rows(tmp_path):
@@ -83,7 +83,7 @@ def test_changed_source_files_are_prepared_again(tmp_path):
   write(tmp_path / "src/test.jsonl", jsonl(GSM8K_ROWS[1:]))
   assert [e["answer"] for e in load(tmp_path, "gsm8k", "test")] == ["1234", "-3.5"]
   # Without source_dir, what is prepared is read as it is.
-  assert len(data.load_task("gsm8k", "test", data_dir=str(tmp_path / "tfds"))) == 2
+  assert len(data.load_task("gsm8k", "test", files=data.DataFiles(str(tmp_path / "tfds")))) == 2
 
 
 @pytest.mark.parametrize("progress", [True, False])
@@ -130,20 +130,22 @@ def test_prepared_data_is_keyed_by_source_dir(tmp_path):
   tfds_dir = str(tmp_path / "tfds")
   write(tmp_path / "a/test.jsonl", jsonl(GSM8K_ROWS[:1]))
   write(tmp_path / "b/test.jsonl", jsonl(GSM8K_ROWS[1:]))
-  a = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  a = data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir, str(tmp_path / "a")))
   assert [e["answer"] for e in a] == ["4"]
   # Without source_dir, the one prepared copy is used.
-  assert [e["answer"] for e in data.load_task("gsm8k", "test", data_dir=tfds_dir)] == ["4"]
-  b = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "b"))
+  assert [e["answer"] for e in data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir))] == [
+    "4"
+  ]
+  b = data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir, str(tmp_path / "b")))
   assert [e["answer"] for e in b] == ["1234", "-3.5"]
   # Preparing b did not touch a's copy, and the examples say where they come from.
-  again = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / "a"))
+  again = data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir, str(tmp_path / "a")))
   assert [e["answer"] for e in again] == ["4"]
   assert again.source["source_dir"] == str(tmp_path / "a") and again.source["rows"] == 1
   assert again.source["files"][0][0] == "test.jsonl" and len(again.source["files"][0][1]) == 64
   assert a.source["prepared_dir"] != b.source["prepared_dir"]
   with pytest.raises(ValueError, match=f"2 source directories.*{tmp_path / 'a'}.*source_dir="):
-    data.load_task("gsm8k", "test", data_dir=tfds_dir)
+    data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir))
   # No temporary directory is left behind.
   base = tmp_path / "tfds" / "by_source" / "gsm8k"
   assert sorted(p.name[:2] for p in base.iterdir()) == ["a-", "b-"]
@@ -174,7 +176,7 @@ def test_concurrent_preparations_of_two_sources_do_not_mix(tmp_path):
     for f in futures.values():
       f.result()
   for d in "ab":
-    examples = data.load_task("gsm8k", "test", data_dir=tfds_dir, source_dir=str(tmp_path / d))
+    examples = data.load_task("gsm8k", "test", files=data.DataFiles(tfds_dir, str(tmp_path / d)))
     assert [e["prompt"] for e in examples] == [r["question"] for r in rows[d]]
 
 
@@ -182,7 +184,7 @@ def test_unknown_or_missing_things_are_explained(tmp_path):
   with pytest.raises(ValueError, match="unknown task 'gsm9k'.*gsm8k"):
     data.load_task("gsm9k", "test")
   with pytest.raises(FileNotFoundError, match="not prepared.*source_dir=.*test.jsonl"):
-    data.load_task("gsm8k", "test", data_dir=str(tmp_path / "tfds"))
+    data.load_task("gsm8k", "test", files=data.DataFiles(str(tmp_path / "tfds")))
   (tmp_path / "src").mkdir()
   with pytest.raises(FileNotFoundError, match="no source files in .*train.jsonl"):
     load(tmp_path, "gsm8k", "test")
@@ -236,7 +238,9 @@ def test_reasoning_gym_errors():
   with pytest.raises(ValueError, match="unknown config keys \\['terms'\\].*max_terms"):
     data.load_task("reasoning_gym/chain_sum", "train", limit=2, task_config={"terms": 2})
   with pytest.raises(ValueError, match="generated, not read from files"):
-    data.load_task("reasoning_gym/chain_sum", "train", limit=2, source_dir="/nonexistent")
+    data.load_task(
+      "reasoning_gym/chain_sum", "train", limit=2, files=data.DataFiles(source_dir="/nonexistent")
+    )
   with pytest.raises(ValueError, match="task_config is for reasoning_gym"):
     data.load_task("gsm8k", "test", task_config={"a": 1})
 

@@ -13,8 +13,9 @@ from es_jax.grpo import loss as grpo
 # Tests call jitted wrappers (one compile per shape instead of one per eager op) and draw their
 # data with numpy, so the file stays fast on a busy 2-core machine. beta is traced under these
 # wrappers, so cases without a reference leave it at its Python default.
-grpo_loss = jax.jit(grpo.grpo_loss, static_argnames=("aggregation", "max_length"))
+grpo_loss = jax.jit(grpo.grpo_loss, static_argnames=("settings", "max_length"))
 group_advantages = jax.jit(grpo.group_advantages, static_argnames="std")
+S = grpo.LossSettings
 logprobs = jax.jit(grpo.token_logprobs_from_logits, static_argnames="chunk_size")
 
 
@@ -92,7 +93,7 @@ def test_grpo_loss_on_policy_golden(aggregation, max_length, expected):
   logp = np.log(np.array([[0.5, 0.25, 0.9], [0.1, 0.3, 0.3]], np.float32))
   mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
   loss, metrics = grpo_loss(
-    logp, logp, None, np.array([1.0, -3.0]), mask, aggregation=aggregation, max_length=max_length
+    logp, logp, None, np.array([1.0, -3.0]), mask, S(aggregation=aggregation), max_length=max_length
   )
   np.testing.assert_allclose(loss, expected, rtol=1e-6)
   np.testing.assert_allclose(metrics["pg_loss"], expected, rtol=1e-6)
@@ -117,7 +118,7 @@ def test_grpo_loss_clipping_golden():
   # Asymmetric (clip-higher): ρ = e^{0.2} = 1.2214 is clipped by eps_high 0.2 but not by 0.28.
   one = (np.array([[0.2]]), np.zeros((1, 1)), None, np.ones(1), np.ones((1, 1)))
   loss_sym, m_sym = grpo_loss(*one)
-  loss_asym, m_asym = grpo_loss(*one, eps_high=0.28)
+  loss_asym, m_asym = grpo_loss(*one, S(eps_high=0.28))
   np.testing.assert_allclose(loss_sym, -1.2, rtol=1e-6)
   np.testing.assert_allclose(loss_asym, -math.exp(0.2), rtol=1e-6)
   assert float(m_sym["clip_frac_high"]) == 1.0 and float(m_asym["clip_frac_high"]) == 0.0
@@ -131,11 +132,11 @@ def test_grpo_loss_kl_and_entropy_golden():
   entropy = np.array([[1.0, 2.0, 100.0], [3.0, 4.0, 100.0]])
   k3 = 1.0 - math.log(2.0)
   args = (logp, logp, ref, np.zeros(2), mask)
-  loss, metrics = grpo_loss(*args, beta=0.1, aggregation="token_mean", entropy=entropy)
+  loss, metrics = grpo_loss(*args, S(beta=0.1, aggregation="token_mean"), entropy=entropy)
   np.testing.assert_allclose(metrics["kl"], k3 / 4, rtol=1e-6)
   np.testing.assert_allclose(loss, 0.1 * k3 / 4, rtol=1e-6)  # Â = 0: only the KL term remains
   np.testing.assert_allclose(metrics["entropy"], 2.5, rtol=1e-6)
-  loss_seq, _ = grpo_loss(*args, beta=0.1)
+  loss_seq, _ = grpo_loss(*args, S(beta=0.1))
   np.testing.assert_allclose(loss_seq, 0.1 * (k3 / 2 + 0.0) / 2, rtol=1e-6)
 
 
@@ -150,7 +151,7 @@ def test_grpo_loss_ignores_garbage_padding_and_empty_rows():
   @functools.partial(jax.jit, static_argnums=1)
   def value_and_grad(lp, aggregation):
     loss_fn = lambda x: grpo.grpo_loss(
-      x, old, ref, jnp.array([2.0, 1.0]), mask, beta=0.5, aggregation=aggregation
+      x, old, ref, jnp.array([2.0, 1.0]), mask, S(beta=0.5, aggregation=aggregation)
     )
     return jax.value_and_grad(loss_fn, has_aux=True)(lp)
 
@@ -163,7 +164,7 @@ def test_grpo_loss_ignores_garbage_padding_and_empty_rows():
     assert np.all(np.asarray(grads)[mask == 0] == 0.0)
   # seq_mean_token_mean: the empty row contributes 0 but counts in B = 2.
   (loss, _), _ = value_and_grad(clean, "seq_mean_token_mean")
-  loss_row0, _ = grpo_loss(clean[:1], old[:1], ref[:1], np.array([2.0]), mask[:1], beta=0.5)
+  loss_row0, _ = grpo_loss(clean[:1], old[:1], ref[:1], np.array([2.0]), mask[:1], S(beta=0.5))
   np.testing.assert_allclose(loss, loss_row0 / 2, rtol=1e-6)
 
 
@@ -192,7 +193,7 @@ def test_on_policy_gradient_equals_reinforce(aggregation):
   @jax.jit
   def grads(lp):  # old_logp = logp itself: on-policy, ρ = 1
     loss = lambda x, beta, r: grpo.grpo_loss(
-      x, x, r, advantages, mask, beta=beta, aggregation=aggregation
+      x, x, r, advantages, mask, S(beta=beta, aggregation=aggregation)
     )[0]
     return jax.grad(reinforce)(lp), jax.grad(loss)(lp, 0.0, None), jax.grad(loss)(lp, 0.05, ref)
 
@@ -228,7 +229,7 @@ def test_k3_mean_approximates_true_kl_on_toy_categorical():
   n = 50_000
   samples = _rng(3).choice(5, size=n, p=np.exp(log_p))
   logp, ref = log_p[samples][None].astype(np.float32), log_q[samples][None].astype(np.float32)
-  _, metrics = grpo_loss(logp, logp, ref, np.zeros(1), np.ones((1, n)), beta=1.0)
+  _, metrics = grpo_loss(logp, logp, ref, np.zeros(1), np.ones((1, n)), S(beta=1.0))
   k3 = np.exp(ref - logp) - (ref - logp) - 1.0
   standard_error = float(k3.std()) / math.sqrt(n)
   assert abs(float(metrics["kl"]) - true_kl) < 5.0 * standard_error
@@ -243,18 +244,22 @@ def test_grpo_loss_errors():
     grpo.grpo_loss(logp, logp, None, adv, np.ones((3, 2)))
   with pytest.raises(ValueError, match=r"advantages shape \(2, 1\)"):
     grpo.grpo_loss(logp, logp, None, np.zeros((2, 1)), mask)
-  with pytest.raises(ValueError, match="beta=-0.1"):
-    grpo.grpo_loss(logp, logp, logp, adv, mask, beta=-0.1)
+  with pytest.raises(ValueError, match=r"^LossSettings\.beta=-0\.1 must be >= 0"):
+    S(beta=-0.1)
   with pytest.raises(ValueError, match="ref_logp is None but beta=0.04"):
-    grpo.grpo_loss(logp, logp, None, adv, mask, beta=0.04)
+    grpo.grpo_loss(logp, logp, None, adv, mask, S(beta=0.04))
   with pytest.raises(ValueError, match="ref_logp is None but beta is traced"):
-    grpo_loss(logp, logp, None, adv, mask, beta=0.0)  # traced beta: cannot tell it is 0
-  with pytest.raises(ValueError, match="'seq_mean'"):
-    grpo.grpo_loss(logp, logp, None, adv, mask, aggregation="seq_mean")
-  with pytest.raises(ValueError, match="eps_low=1.5"):
-    grpo.grpo_loss(logp, logp, None, adv, mask, eps_low=1.5)
+    jax.jit(grpo.grpo_loss)(
+      logp, logp, None, adv, mask, S(beta=0.0)
+    )  # traced beta: cannot tell it is 0
+  with pytest.raises(ValueError, match="^LossSettings.aggregation='seq_mean'"):
+    S(aggregation="seq_mean")
+  with pytest.raises(ValueError, match=r"^LossSettings\.eps_low=1\.5 must be in \[0, 1\)"):
+    S(eps_low=1.5)
+  with pytest.raises(ValueError, match=r"^LossSettings\.eps_high=-0\.1 must be >= 0"):
+    S(eps_high=-0.1)
   with pytest.raises(ValueError, match="max_length=2"):
-    grpo.grpo_loss(logp, logp, None, adv, mask, aggregation="dr_grpo", max_length=2)
+    grpo.grpo_loss(logp, logp, None, adv, mask, S(aggregation="dr_grpo"), max_length=2)
 
 
 def test_jit_no_retrace_with_traced_hyperparameters():
@@ -270,9 +275,7 @@ def test_jit_no_retrace_with_traced_hyperparameters():
       ref,
       advantages.reshape(-1),
       mask,
-      beta=beta,
-      eps_high=eps_high,
-      aggregation=aggregation,
+      S(beta=beta, eps_high=eps_high, aggregation=aggregation),
     )
     return loss, metrics, stats
 
@@ -285,7 +288,7 @@ def test_jit_no_retrace_with_traced_hyperparameters():
   assert loss1.dtype == jnp.float32 and np.isfinite(float(loss2))
   advantages, _ = group_advantages(rewards, std="unbiased")
   loss_ref, _ = grpo_loss(
-    logp, old, ref, advantages.reshape(-1), mask, beta=0.01, aggregation="token_mean"
+    logp, old, ref, advantages.reshape(-1), mask, S(beta=0.01, aggregation="token_mean")
   )
   np.testing.assert_allclose(loss1, loss_ref, rtol=1e-6)
 
@@ -294,9 +297,9 @@ def test_grpo_loss_bf16_inputs_compute_in_float32():
   logp = -_rng(5).uniform(0.5, 2.0, (2, 4)).astype(np.float32)
   args = (logp, logp + 0.1, logp - 0.1, np.array([1.0, -1.0]), np.ones((2, 4)))
   args16 = [jnp.asarray(a, jnp.bfloat16) for a in args]
-  loss16, metrics16 = grpo_loss(*args16, beta=0.1)
+  loss16, metrics16 = grpo_loss(*args16, S(beta=0.1))
   # Same as upcasting the bf16 values first, i.e. no arithmetic happened in bf16.
-  loss32, metrics32 = grpo_loss(*(a.astype(jnp.float32) for a in args16), beta=0.1)
+  loss32, metrics32 = grpo_loss(*(a.astype(jnp.float32) for a in args16), S(beta=0.1))
   assert loss16.dtype == jnp.float32 and metrics16["kl"].dtype == jnp.float32
   assert float(loss16) == float(loss32) and float(metrics16["kl"]) == float(metrics32["kl"])
 

@@ -17,6 +17,7 @@ from es_jax.decode.sampling import Decoding
 from es_jax.grpo import update as gt
 from es_jax.grpo.loss import grpo_loss, token_logprobs
 from es_jax.models import (
+  ForwardMode,
   Transformer,
   cast_params,
   forward,
@@ -32,7 +33,7 @@ P, G, T, TARGET = 4, 4, 8, 7  # prompts, generations, completion tokens, the rew
 DECODING = Decoding(T, temperature=1.0)
 SGD = optax.sgd(0.5)  # plain SGD: a parameter change is exactly −lr × gradient
 # Settings of the exactness tests: token_mean is the aggregation that needs weights.
-EXACT = gt.UpdateSettings(8, 1, beta=0.1, eps_low=0.2, eps_high=0.28, aggregation="token_mean")
+EXACT = gt.UpdateSettings(8, 1, gt.LossSettings(0.2, 0.28, 0.1, "token_mean"))
 ADAM = gt.make_optimizer(3e-2)
 TRAIN = gt.UpdateSettings(16, 4)
 
@@ -158,9 +159,8 @@ def test_micro_batches_and_mini_batches_equal_explicit_gradients(setup, exact_st
 
   def loss(p, rows):
     logp = full_logp(p, batch.tokens[rows], batch.mask[rows])
-    kw = {k: getattr(EXACT, k) for k in ("beta", "eps_low", "eps_high", "aggregation")}
     return grpo_loss(
-      logp, old[rows], old[rows], batch.advantages[rows], batch.loss_mask[rows], **kw
+      logp, old[rows], old[rows], batch.advantages[rows], batch.loss_mask[rows], EXACT.loss
     )
 
   grad_fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
@@ -186,12 +186,12 @@ def test_on_policy_first_mini_batch_has_ratio_one_and_no_clipping(exact_steps):
 @pytest.mark.slow
 def test_beta_zero_needs_no_reference_and_ignores_one(setup):
   params0, _, batch = setup
-  a, _ = step(gt.init_state(params0, ADAM), batch, None, beta=0.0)
+  a, _ = step(gt.init_state(params0, ADAM), batch, None, loss=gt.LossSettings(beta=0.0))
   b, _ = step(gt.init_state(params0, ADAM), batch, {"not": "params"})
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params), strict=True):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   with pytest.raises(ValueError, match="beta=0.1 > 0 needs ref_params"):
-    step(gt.init_state(params0, ADAM), batch, None, beta=0.1)
+    step(gt.init_state(params0, ADAM), batch, None, loss=gt.LossSettings(beta=0.1))
 
 
 @pytest.mark.slow  # a training run's behaviour, no reference
@@ -255,14 +255,11 @@ def test_bad_input_raises_naming_the_value(setup):
     gt.with_advantages(batch, np.zeros((P, 3)))
   state = gt.init_state(params0, ADAM)
   cases = [
-    (dict(beta=-0.5), "beta=-0.5"),
-    (dict(eps_low=1.5), "eps_low=1.5"),
     (dict(mini_batch_size=6), "batch rows B=16 is not divisible by mini_batch_size=6"),
     (
       dict(micro_batch_size=3),
       "mini_batch_size=16 is not divisible by micro_batch_size × devices=3",
     ),
-    (dict(aggregation="mean"), "aggregation='mean'"),
   ]
   for override, message in cases:
     with pytest.raises(ValueError, match=message):
@@ -282,16 +279,21 @@ def test_update_settings_check_their_fields_and_trace_the_loss_numbers():
     (dict(mini_batch_size=0), r"UpdateSettings.mini_batch_size=0 "),
     (dict(micro_batch_size=2.0), r"UpdateSettings.micro_batch_size=2.0 "),
     (dict(chunk_size=0), r"UpdateSettings.chunk_size=0 "),
-    (dict(eps_low=1.0), r"UpdateSettings.eps_low=1.0 "),
-    (dict(eps_high=-0.1), r"UpdateSettings.eps_high=-0.1 "),
-    (dict(beta=-1.0), r"UpdateSettings.beta=-1.0 "),
-    (dict(aggregation="sum"), r"UpdateSettings.aggregation='sum' "),
+    (dict(loss=None), r"UpdateSettings.loss=None "),
   ):
     with pytest.raises(ValueError, match=message):
       dataclasses.replace(TRAIN, **fields)
-  # eps_low, eps_high and beta are the traced leaves (a sweep does not recompile); the rest is
-  # the static structure.
-  other = dataclasses.replace(TRAIN, eps_low=0.1, eps_high=0.3, beta=0.5)
+  for fields, message in (
+    (dict(eps_low=1.0), r"LossSettings.eps_low=1.0 "),
+    (dict(eps_high=-0.1), r"LossSettings.eps_high=-0.1 "),
+    (dict(beta=-1.0), r"LossSettings.beta=-1.0 "),
+    (dict(aggregation="sum"), r"LossSettings.aggregation='sum' "),
+  ):
+    with pytest.raises(ValueError, match=message):
+      dataclasses.replace(TRAIN.loss, **fields)
+  # The loss's eps_low, eps_high and beta are the traced leaves (a sweep does not recompile); the
+  # rest is the static structure.
+  other = dataclasses.replace(TRAIN, loss=gt.LossSettings(eps_low=0.1, eps_high=0.3, beta=0.5))
   assert jax.tree.leaves(other) == [0.1, 0.3, 0.5]
   assert jax.tree.structure(other) == jax.tree.structure(TRAIN)
   assert jax.tree.structure(dataclasses.replace(TRAIN, remat=True)) != jax.tree.structure(TRAIN)
@@ -335,7 +337,7 @@ def test_bf16_model_trains_float32_masters():
   sgd = optax.sgd(1.0)
   state = gt.init_state(p16, sgd)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(state.params))
-  settings = gt.UpdateSettings(**rows, aggregation="token_mean")
+  settings = gt.UpdateSettings(**rows, loss=gt.LossSettings(aggregation="token_mean"))
   new, metrics = gt.update_step(state, batch, None, settings, config=cfg, optimizer=sgd)
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(new.params))
   assert all(
@@ -349,7 +351,7 @@ def test_bf16_model_trains_float32_masters():
     )
     m = batch.loss_mask[:, -length:]
     old = jax.lax.stop_gradient(logp)
-    return grpo_loss(logp, old, None, batch.advantages, m, aggregation="token_mean")[0]
+    return grpo_loss(logp, old, None, batch.advantages, m, settings.loss)[0]
 
   grads = jax.grad(loss)(p16)  # eager bf16: rounding differs from the jitted step by a few ulps
   scale = max(float(jnp.max(jnp.abs(g))) for g in jax.tree.leaves(grads))
@@ -363,7 +365,7 @@ def test_bf16_model_trains_float32_masters():
 
   adam = gt.make_optimizer(1e-5)
   state = gt.init_state(p16, adam, master_dtype=None)
-  settings = gt.UpdateSettings(**rows, beta=0.01)
+  settings = gt.UpdateSettings(**rows, loss=gt.LossSettings(beta=0.01))
   new, metrics = gt.update_step(state, batch, p16, settings, config=cfg, optimizer=adam)
   assert np.all(np.isfinite(np.asarray(metrics["loss"])))
   arrays = [x for x in jax.tree.leaves((new.params, new.opt_state)) if x.ndim > 0]
@@ -406,15 +408,19 @@ def test_last_only_n_gives_the_last_n_positions_and_their_gradient(key):
   p = params(Transformer(cfg, rngs=nnx.Rngs(0)))
   tokens = jax.random.randint(key, (2, 9), 0, cfg.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(9), (2, 9))
+
   # Jitted: one compile per program instead of one per operation.
-  fwd = jax.jit(lambda p, n: forward(p, tokens, pos, config=cfg, last_only=n)[0], static_argnums=1)
+  def fwd_(p, n):
+    return forward(p, tokens, pos, config=cfg, mode=ForwardMode(last_only=n))[0]
+
+  fwd = jax.jit(fwd_, static_argnums=1)
   full, last = fwd(p, False), fwd(p, 4)
   assert last.shape == (2, 4, cfg.vocab_size)
   np.testing.assert_allclose(np.asarray(last), np.asarray(full[:, -4:]), rtol=1e-5, atol=1e-5)
   assert fwd(p, True).shape == (2, 1, cfg.vocab_size)
 
   def loss(p, n):
-    logits = forward(p, tokens, pos, config=cfg, last_only=n)[0][:, -4:]
+    logits = fwd_(p, n)[:, -4:]
     return jnp.sum(jax.nn.log_softmax(logits)[..., 3])
 
   grad = jax.jit(jax.grad(loss), static_argnums=1)

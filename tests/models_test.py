@@ -11,6 +11,7 @@ from flax import nnx
 from tiny_models import padded_batch, tiny_tokenizer, torch_logits, torch_model
 
 from es_jax.models import (
+  ForwardMode,
   Transformer,
   cast_params,
   forward,
@@ -98,9 +99,7 @@ def test_kv_cache_decode_equals_full_forward(hf_checkpoint, kv_chunk):
     pos[:, :6],
     config=cfg,
     mask=jnp.asarray(mask[:, :6]),
-    cache=cache,
-    cache_index=0,
-    kv_chunk=kv_chunk,
+    mode=ForwardMode(cache, 0, kv_chunk),
   )
   steps = [logits]
   for t in range(6, 10):
@@ -110,9 +109,7 @@ def test_kv_cache_decode_equals_full_forward(hf_checkpoint, kv_chunk):
       pos[:, t : t + 1],
       config=cfg,
       mask=jnp.asarray(mask[:, t : t + 1]),
-      cache=cache,
-      cache_index=t,
-      kv_chunk=kv_chunk,
+      mode=ForwardMode(cache, t, kv_chunk),
     )
     steps.append(logits)
   decoded = jnp.concatenate(steps, axis=1)

@@ -90,7 +90,7 @@ def grpo_step(mesh, allgather=None) -> dict[str, np.ndarray]:
   rewards = low_half(tokens, cmask).reshape(4, 4).astype(np.float32)
   batch, _ = grpo_update.with_advantages(batch, rewards)
   ref = grpo_update.replicate(p0, mesh) if mesh is not None else p0
-  settings = grpo_update.UpdateSettings(mini_batch_size=8, micro_batch_size=1, beta=0.1)
+  settings = grpo_update.UpdateSettings(8, 1, grpo_update.LossSettings(beta=0.1))
   new, _ = grpo_update.update_step(
     state, batch, ref, settings, config=CONFIG, optimizer=opt, mesh=mesh
   )

@@ -8,6 +8,7 @@ import pytest
 
 from es_jax import rewards
 from es_jax.rewards import extract, verifier
+from es_jax.rewards.code import Limits
 
 # Slack on top of a verifier's own limit before a time bound counts as broken (shared 2-core CI).
 SLACK_S = 3.0
@@ -144,7 +145,9 @@ def test_missed_deadline_scores_zero_and_is_counted():
   assert time.monotonic() - start < 0.5 + SLACK_S
   assert rewards.failure_metrics()["reward/timeouts_total"] == before + 1
   before = rewards.failure_counts()["timeouts"]
-  assert rewards.run_sandboxed("while True: pass", "", timeout_s=0.5).status == "timeout"
+  assert (
+    rewards.run_sandboxed("while True: pass", "", limits=Limits(timeout_s=0.5)).status == "timeout"
+  )
   assert rewards.failure_counts()["timeouts"] == before + 1
 
 

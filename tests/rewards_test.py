@@ -9,6 +9,7 @@ import pytest
 
 from es_jax import rewards
 from es_jax.rewards import extract
+from es_jax.rewards.code import Limits
 from es_jax.rewards.countdown import evaluate_expression
 
 # Slack on top of a verifier's own limit before a time bound counts as broken (shared 2-core CI).
@@ -235,10 +236,12 @@ def test_sandbox_pass_fail_and_early_exit():
 
 def test_sandbox_kills_infinite_loop_and_memory_hog():
   start = time.monotonic()
-  result = rewards.run_sandboxed("while True:\n  pass", "assert True", timeout_s=1.5)
+  result = rewards.run_sandboxed("while True:\n  pass", "assert True", limits=Limits(timeout_s=1.5))
   assert result.status == "timeout" and not result.passed
   assert time.monotonic() - start < 1.5 + SLACK_S
-  result = rewards.run_sandboxed("x = bytearray(4 * 10**9)", "", memory_bytes=256 << 20)
+  result = rewards.run_sandboxed(
+    "x = bytearray(4 * 10**9)", "", limits=Limits(memory_bytes=256 << 20)
+  )
   assert not result.passed and "MemoryError" in result.output
 
 
@@ -249,7 +252,7 @@ def test_sandbox_blocks_network():
   server.settimeout(0.2)
   port = server.getsockname()[1]
   program = f"import socket\nsocket.create_connection(('127.0.0.1', {port})).sendall(b'hi')"
-  result = rewards.run_sandboxed(program, "", timeout_s=3)
+  result = rewards.run_sandboxed(program, "", limits=Limits(timeout_s=3))
   assert not result.passed and "socket" in result.output
   with pytest.raises(TimeoutError):  # nothing ever connected
     server.accept()

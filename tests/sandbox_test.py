@@ -18,9 +18,9 @@ from es_jax.rewards import code, verifier
 SLACK_S = 5.0
 
 
-def _run(program, tests="", **kw):
-  kw.setdefault("timeout_s", 3.0)
-  return code.run_sandboxed(program, tests, **kw)
+def _run(program, tests="", setup="", **limits):
+  limits.setdefault("timeout_s", 3.0)
+  return code.run_sandboxed(program, tests, setup=setup, limits=code.Limits(**limits))
 
 
 def test_isolation_is_available():

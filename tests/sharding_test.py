@@ -340,7 +340,7 @@ def test_grpo_step_model_sharded_equals_one_device():
   assert (rewards.std(axis=1) > 0).sum() >= 2, rewards  # groups with non-zero advantages
   batch, _ = grpo_update.with_advantages(batch, rewards)
   opt = optax.sgd(0.5)
-  settings = grpo_update.UpdateSettings(mini_batch_size=8, micro_batch_size=1, beta=0.1)
+  settings = grpo_update.UpdateSettings(8, 1, grpo_update.LossSettings(beta=0.1))
   step = dict(config=CONFIG, optimizer=opt)
   single, m_single = grpo_update.update_step(
     grpo_update.init_state(params0, opt), batch, params0, settings, **step

@@ -22,6 +22,7 @@ reasoning-gym, ...). `format_prompt` turns an example into the model's input tex
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from es_jax.data.prompts import (
 from es_jax.data.readers import BadRowError, FieldError
 
 __all__ = [
+  "DataFiles",
   "FILE_TASK",
   "INSTRUCTIONS",
   "PLAIN_SYSTEM_PROMPT",
@@ -93,17 +95,32 @@ TASKS = (
 DEFAULT_GYM_SIZE = 1000
 
 
+@dataclasses.dataclass(frozen=True)
+class DataFiles:
+  """Where a file dataset's copies live, for `load_task` (reasoning-gym tasks read no files).
+
+  Attributes:
+    data_dir: where prepared TFDS data lives (None: TFDS's default).
+    source_dir: the directory with this dataset's downloaded original files (one directory per
+      dataset), prepared into `data_dir` unless exactly these files are (`prepared.prepare`).
+      None reads the one copy prepared in `data_dir`.
+    progress: show TFDS's progress bars while a dataset is prepared (on a terminal only).
+  """
+
+  data_dir: str | None = None
+  source_dir: str | None = None
+  progress: bool = True
+
+
 def load_task(
   name: str,
   split: str,
   *,
-  data_dir: str | None = None,
-  source_dir: str | None = None,
+  files: DataFiles = DataFiles(),
   limit: int | None = None,
   seed: int = 0,
   on_bad_row: str = "raise",
   task_config: dict[str, Any] | None = None,
-  progress: bool = True,
 ) -> TaskExamples:
   """Loads the examples of one task split.
 
@@ -111,10 +128,8 @@ def load_task(
     name: a dataset in `TASKS`, or "reasoning_gym/<task>" (e.g. "reasoning_gym/chain_sum").
     split: e.g. "train" / "test" (which splits exist depends on the dataset's files; gpqa has
       "diamond" / "main" / "extended"). For reasoning-gym any name; it changes the problems.
-    data_dir: where prepared TFDS data lives (None: TFDS's default). Ignored for reasoning-gym.
-    source_dir: the directory with this dataset's downloaded original files (one directory per
-      dataset), prepared into `data_dir` unless exactly these files are (`prepared.prepare`).
-      None reads the one copy prepared in `data_dir`.
+    files: where the dataset's prepared copy and original files are (`DataFiles`); a
+      reasoning-gym task takes none (source_dir must be None).
     limit: keep the first `limit` examples (file order); a split with fewer examples gives a
       `DataSmallerThanLimitWarning`. For reasoning-gym, the number of problems to generate
       (default `DEFAULT_GYM_SIZE`).
@@ -124,7 +139,6 @@ def load_task(
       logged as a warning.
     task_config: reasoning-gym task config keywords, e.g. {"min_terms": 2, "max_terms": 2,
       "min_digits": 1, "max_digits": 1} for chain_sum. Must be None for file datasets.
-    progress: show TFDS's progress bars while a dataset is prepared (on a terminal only).
 
   Returns:
     A `TaskExamples` sequence of example dicts (see the module docstring).
@@ -140,7 +154,7 @@ def load_task(
   if limit is not None and limit < 0:
     raise ValueError(f"load_task: limit must be None or >= 0, got {limit}")
   if gym.is_gym_task(name):
-    if source_dir is not None:
+    if files.source_dir is not None:
       raise ValueError(f"load_task: {name} is generated, not read from files; drop source_dir")
     return _gym_task(name, split, limit=limit, seed=seed, task_config=task_config)
   if name not in TASKS:
@@ -151,7 +165,9 @@ def load_task(
     raise ValueError(f"load_task: task_config is for reasoning_gym tasks only, not {name!r}")
   from es_jax.data import prepared  # imports tensorflow_datasets (module docstring)
 
-  builder = prepared.prepare(name, data_dir=data_dir, source_dir=source_dir, progress=progress)
+  builder = prepared.prepare(
+    name, data_dir=files.data_dir, source_dir=files.source_dir, progress=files.progress
+  )
   return _prepared_task(builder, name, split, limit=limit, seed=seed, on_bad_row=on_bad_row)
 
 

@@ -38,7 +38,7 @@ from es_jax.es import member_axes as axes_lib
 from es_jax.es.member_axes import Member
 from es_jax.models.attention import init_cache, take_group_rows, take_rows, unstack_cache
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import cast_params, forward, unstack_layers
+from es_jax.models.transformer import ForwardMode, cast_params, forward, unstack_layers
 
 
 class Completions(NamedTuple):
@@ -157,14 +157,13 @@ def decode(
 def _model_call(config: ModelConfig, members: int | None, chunk: int | None):
   """`forward` on a block of the loop's rows; in member mode vmapped over the M members (rows
   member-major, the `Member` weights with the `Member` of in_axes `axes`)."""
-  fwd = functools.partial(forward, config=config, kv_chunk=chunk)
+  fwd = functools.partial(forward, config=config)
 
   def model(weights, axes, tokens, positions, mask, cache, cache_index, last_only=False):
-    kw = dict(cache_index=cache_index, last_only=last_only)
-
     def one(w, tok, pos, m, c):
       p, d, scale = w
-      return fwd(p, tok, pos, mask=m, cache=c, deltas=d, delta_scale=scale, **kw)
+      mode = ForwardMode(c, cache_index, chunk, last_only)
+      return fwd(p, tok, pos, mask=m, deltas=d, delta_scale=scale, mode=mode)
 
     if members is None:
       return one(weights, tokens, positions, mask, cache)

@@ -9,11 +9,12 @@ rollout), T completion tokens, S prompt + completion tokens, V vocabulary, K chu
 
 Sign convention: rewards and advantages are maximised; `grpo_loss` is a loss, to be minimised.
 Every function here is pure and jittable; string options are structural and must be static under
-`jax.jit`, numeric ones (`eps`, `eps_low`, `eps_high`, `beta`, `temperature`) may be traced.
+`jax.jit`, numeric ones (`eps`, `temperature`, the leaves of `LossSettings`) may be traced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -28,22 +29,45 @@ STD_MODES = ("population", "unbiased", None)
 AGGREGATIONS = ("seq_mean_token_mean", "token_mean", "dr_grpo")
 
 
-def check_hyperparameters(
-  aggregation: str, beta: Any, eps_low: Any, eps_high: Any, *, prefix: str = ""
-) -> float | None:
-  """Raises ValueError for a bad ``aggregation``, or a concrete ``beta < 0``, ``eps_low`` outside
-  [0, 1) or ``eps_high < 0`` (traced values cannot be checked), the message starting with
-  ``prefix`` and the argument's name; returns ``beta`` as a float, or None when it is traced."""
-  if aggregation not in AGGREGATIONS:
-    raise ValueError(f"{prefix}aggregation={aggregation!r} is not one of {AGGREGATIONS}.")
-  beta_value, lo, hi = (_checks.concrete_float(x) for x in (beta, eps_low, eps_high))
-  if beta_value is not None and not beta_value >= 0.0:
-    raise ValueError(f"{prefix}beta={beta_value} must be >= 0 (the weight of the KL penalty).")
-  if lo is not None and not 0.0 <= lo < 1.0:
-    raise ValueError(f"{prefix}eps_low={lo} must be in [0, 1) (ratio clipped at 1 - eps_low).")
-  if hi is not None and not hi >= 0.0:
-    raise ValueError(f"{prefix}eps_high={hi} must be >= 0 (ratio clipped at 1 + eps_high).")
-  return beta_value
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True)
+class LossSettings:
+  """The clip, KL and normalisation settings of `grpo_loss`, one value, validated on construction
+  (concrete values only; the message starts with the field: ``LossSettings.eps_low=1.5 must ...``).
+  A pytree, as `es_jax.decode.sampling.Decoding`: ``eps_low``, ``eps_high`` and ``beta`` are its
+  leaves, which may be traced (a new value does not recompile); ``aggregation`` is static.
+
+  Attributes:
+    eps_low, eps_high: clip widths, eps_low in [0, 1) (DAPO's clip-higher: eps_high > eps_low).
+    beta, aggregation: the k3 KL penalty's weight, >= 0; one of `AGGREGATIONS` (see `grpo_loss`).
+  """
+
+  eps_low: float | jax.Array = 0.2
+  eps_high: float | jax.Array = 0.2
+  beta: float | jax.Array = 0.0
+  aggregation: str = "seq_mean_token_mean"
+
+  def __post_init__(self):
+    name = type(self).__name__
+    if self.aggregation not in AGGREGATIONS:
+      raise ValueError(f"{name}.aggregation={self.aggregation!r} is not one of {AGGREGATIONS}.")
+    beta, lo, hi = (_checks.concrete_float(x) for x in (self.beta, self.eps_low, self.eps_high))
+    if beta is not None and not beta >= 0.0:
+      raise ValueError(f"{name}.beta={beta} must be >= 0 (the weight of the KL penalty).")
+    if lo is not None and not 0.0 <= lo < 1.0:
+      raise ValueError(f"{name}.eps_low={lo} must be in [0, 1) (ratio clipped at 1 - eps_low).")
+    if hi is not None and not hi >= 0.0:
+      raise ValueError(f"{name}.eps_high={hi} must be >= 0 (ratio clipped at 1 + eps_high).")
+
+  def tree_flatten(self):
+    return (self.eps_low, self.eps_high, self.beta), (self.aggregation,)
+
+  @classmethod
+  def tree_unflatten(cls, static, leaves):
+    out = object.__new__(cls)  # no validation: leaves may be tracers or abstract values here
+    names = ("aggregation", "eps_low", "eps_high", "beta")
+    vars(out).update(zip(names, (*static, *leaves), strict=True))
+    return out
 
 
 def group_advantages(
@@ -164,21 +188,18 @@ def grpo_loss(
   ref_logp: jax.Array | None,
   advantages: jax.Array,
   mask: jax.Array,
+  settings: LossSettings = LossSettings(),
   *,
-  eps_low: float = 0.2,
-  eps_high: float = 0.2,
-  beta: float = 0.0,
-  aggregation: str = "seq_mean_token_mean",
   entropy: jax.Array | None = None,
   max_length: int | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
   """GRPO clipped-surrogate loss with a k3 KL penalty (DeepSeekMath, arXiv 2402.03300, Eq. 3-4).
 
-  Per valid token (b, t), with ρ = exp(logp − old_logp) and Â_b the sequence's advantage:
+  Per valid token (b, t), with ρ = exp(logp − old_logp), Â_b the sequence's advantage (`settings`):
 
     ℓ_{b,t} = −min(ρ Â_b, clip(ρ, 1 − eps_low, 1 + eps_high) Â_b) + β k3_{b,t},
 
-  k3 as in `k3_kl`. With n_b = Σ_t mask_{b,t}, the loss L is, by `aggregation`:
+  k3 as in `k3_kl`. With n_b = Σ_t mask_{b,t}, the loss L is, by `settings.aggregation`:
 
   - "seq_mean_token_mean": (1/B) Σ_b (1/n_b) Σ_t ℓ_{b,t}, the paper's Eq. 4 (GRPO).
   - "token_mean": Σ_{b,t} ℓ_{b,t} / Σ_b n_b, every token weighted equally (DAPO, arXiv 2503.14476).
@@ -197,9 +218,7 @@ def grpo_loss(
     ref_logp: [B, T] log π_ref under the frozen reference, or None when beta is 0.
     advantages: [B] one advantage per sequence (e.g. `group_advantages(...)[0].reshape(-1)`).
     mask: [B, T] 1 (or True) for completion tokens, 0 for padding and prompt tokens.
-    eps_low, eps_high: clip widths, eps_low in [0, 1) (DAPO's clip-higher: eps_high > eps_low).
-    beta: weight of the k3 KL penalty; >= 0.
-    aggregation: one of `AGGREGATIONS` (static).
+    settings: the clip widths, the KL weight β and the aggregation (`LossSettings`).
     entropy: optional [B, T] per-token policy entropy, only reported (masked token mean).
     max_length: Dr.GRPO's normaliser (static; default T), e.g. max_new_tokens, so the loss scale
       does not depend on how far a batch was padded.
@@ -211,12 +230,11 @@ def grpo_loss(
     surrogate gradient the clip zeroes), `pg_loss` (L with β = 0), `num_tokens`, `entropy` if given.
 
   Raises:
-    ValueError: mismatched shapes, a bad setting (`check_hyperparameters`), ref_logp None with a
-      beta other than 0.0, or max_length < T.
+    ValueError: mismatched shapes, ref_logp None with a beta other than 0.0, or max_length < T.
   """
   logp = jnp.asarray(logp)
   max_length = _check_loss_inputs(logp, old_logp, ref_logp, advantages, mask, entropy, max_length)
-  beta_value = check_hyperparameters(aggregation, beta, eps_low, eps_high)
+  beta_value = _checks.concrete_float(settings.beta)
   if ref_logp is None and beta_value != 0.0:
     beta_is = f"beta={beta_value}" if beta_value is not None else "beta is traced (unknown value)"
     raise ValueError(
@@ -224,12 +242,10 @@ def grpo_loss(
       "Python float (not a traced argument) to train without the KL term."
     )
   valid = jnp.asarray(mask) > 0  # [B, T]
-  ratio, adv, pg, kl = _surrogate_and_kl(
-    logp, old_logp, ref_logp, advantages, valid, eps_low, eps_high
-  )
-  per_token = pg if ref_logp is None else pg + beta * kl
-  loss = _aggregate(per_token, valid, aggregation, max_length)
-  metrics = _loss_metrics(ratio, adv, pg, kl, valid, eps_low, eps_high, aggregation, max_length)
+  ratio, adv, pg, kl = _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, settings)
+  per_token = pg if ref_logp is None else pg + settings.beta * kl
+  loss = _aggregate(per_token, valid, settings.aggregation, max_length)
+  metrics = _loss_metrics(ratio, adv, pg, kl, valid, settings, max_length)
   if entropy is not None:
     metrics["entropy"] = _masked_mean(lax.stop_gradient(entropy).astype(jnp.float32), valid)
   return loss, metrics
@@ -262,7 +278,7 @@ def _check_loss_inputs(logp, old_logp, ref_logp, advantages, mask, entropy, max_
   return max_length
 
 
-def _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, eps_low, eps_high):
+def _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, settings):
   """(ρ, Â [B, 1], the clipped surrogate −min(ρ Â, clip(ρ) Â), k3) per token, float32 [B, T];
   k3 is 0 without a reference and at padding."""
   logp = logp.astype(jnp.float32)
@@ -271,7 +287,7 @@ def _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, eps_low, eps_
   # where before exp: padding may hold -inf/NaN, which must reach neither the loss nor the grads.
   log_ratio = jnp.where(valid, logp - old_logp, 0.0)  # [B, T]
   ratio = jnp.exp(log_ratio)
-  clipped = jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+  clipped = jnp.clip(ratio, 1.0 - settings.eps_low, 1.0 + settings.eps_high)
   pg = -jnp.minimum(ratio * adv, clipped * adv)  # [B, T]
   kl = jnp.zeros_like(pg)  # [B, T]
   if ref_logp is not None:
@@ -280,18 +296,18 @@ def _surrogate_and_kl(logp, old_logp, ref_logp, advantages, valid, eps_low, eps_
   return ratio, adv, pg, kl
 
 
-def _loss_metrics(ratio, adv, pg, kl, valid, eps_low, eps_high, aggregation, max_length):
+def _loss_metrics(ratio, adv, pg, kl, valid, settings, max_length):
   """`grpo_loss`'s metrics (its docstring), without gradients."""
   ratio_sg, adv_sg = lax.stop_gradient(ratio), adv
-  clip_low = (ratio_sg < 1.0 - eps_low) & (adv_sg < 0.0)  # [B, T]
-  clip_high = (ratio_sg > 1.0 + eps_high) & (adv_sg > 0.0)  # [B, T]
+  clip_low = (ratio_sg < 1.0 - settings.eps_low) & (adv_sg < 0.0)  # [B, T]
+  clip_high = (ratio_sg > 1.0 + settings.eps_high) & (adv_sg > 0.0)  # [B, T]
   return {
     "kl": _masked_mean(lax.stop_gradient(kl), valid),
     "ratio_mean": _masked_mean(ratio_sg, valid),
     "clip_frac_low": _masked_mean(clip_low.astype(jnp.float32), valid),
     "clip_frac_high": _masked_mean(clip_high.astype(jnp.float32), valid),
     "clip_frac": _masked_mean((clip_low | clip_high).astype(jnp.float32), valid),
-    "pg_loss": lax.stop_gradient(_aggregate(pg, valid, aggregation, max_length)),
+    "pg_loss": lax.stop_gradient(_aggregate(pg, valid, settings.aggregation, max_length)),
     "num_tokens": jnp.sum(valid.astype(jnp.float32)),
   }
 

@@ -3,6 +3,8 @@
 Axis letters as in es_jax.grpo.loss: P prompts, G generations per prompt, B = P·G sequences,
 Sp prompt tokens, S = Sp + T prompt + completion tokens, T completion tokens, V vocabulary.
 Row b = p·G + g of every array is generation g of prompt p, so rewards.reshape(P, G) are groups.
+On a mesh the rows are split over its `DATA_AXIS`, 'pop' (es_jax.devices.sharding's layout: the
+axis ES splits its population over).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from es_jax import _checks
 from es_jax.decode.sampling import Completions, Decoding, generate
 from es_jax.grpo.loss import group_advantages, token_logprobs_from_logits
 from es_jax.models.config import ModelConfig
-from es_jax.models.transformer import Params, cast_params, forward, positions_from_mask
+from es_jax.models.transformer import (
+  ForwardMode,
+  Params,
+  cast_params,
+  forward,
+  positions_from_mask,
+)
+
+DATA_AXIS = "pop"  # the mesh axis the B rows are split over
 
 
 @struct.dataclass
@@ -54,7 +64,6 @@ def rollout(
   num_generations: int,
   decoding: Decoding,
   mesh: Mesh | None = None,
-  data_axis: str = "pop",
 ) -> tuple[Completions, GRPOBatch]:
   """Samples G completions per prompt and lays them out for `update_step`.
 
@@ -68,8 +77,7 @@ def rollout(
     num_generations: G >= 2; each prompt is repeated G times (rows p·G .. p·G + G − 1).
     decoding: the completion budget T, temperature (paper: 1.0), top-p, stop and pad tokens
       (`es_jax.decode.sampling.Decoding`).
-    mesh: if given, the B = P·G rows are sharded over `data_axis` before sampling.
-    data_axis: the mesh axis the batch is split over.
+    mesh: if given, the B = P·G rows are sharded over its `DATA_AXIS` before sampling.
 
   Returns:
     (completions [B, T], batch) with batch.advantages zero; set them with `with_advantages`.
@@ -87,8 +95,8 @@ def rollout(
   ids = jnp.repeat(prompt_ids, num_generations, axis=0)  # [B, Sp]
   ids_mask = jnp.repeat(prompt_mask, num_generations, axis=0)  # [B, Sp]
   if mesh is not None:
-    _check_divisible(ids.shape[0], "rows P·G", mesh.shape[data_axis], f"devices on '{data_axis}'")
-    rows = NamedSharding(mesh, PartitionSpec(data_axis))
+    _check_divisible(ids.shape[0], "rows P·G", mesh.shape[DATA_AXIS], f"devices on '{DATA_AXIS}'")
+    rows = NamedSharding(mesh, PartitionSpec(DATA_AXIS))
     ids, ids_mask = jax.device_put(ids, rows), jax.device_put(ids_mask, rows)
   completions = generate(
     cast_params(params, config.jnp_dtype),  # float32 masters sample in the compute dtype
@@ -145,7 +153,7 @@ def completion_logprobs(
 
   Equals `es_jax.grpo.loss.token_logprobs(...)[:, -T:]` on completion tokens; only the completion's
   [B, T, V] logits are turned into log-probabilities. Returns (logp, entropy), each [B, T] f32.
-  `remat` recomputes each layer in the backward pass (see `es_jax.models.transformer.forward`).
+  `remat` recomputes each layer in the backward pass (see `es_jax.models.ForwardMode`).
   """
   positions = positions_from_mask(mask)
   # Only the last T + 1 positions go through the lm head ([B, T + 1, V], not [B, S, V]); the
@@ -156,16 +164,15 @@ def completion_logprobs(
     positions,
     config=config,
     mask=mask,
-    last_only=completion_length + 1,
-    remat=remat,
+    mode=ForwardMode(last_only=completion_length + 1, remat=remat),
   )
   logits = logits[:, :-1]  # [B, T, V]: row j predicts token S − T + j
   return token_logprobs_from_logits(logits, tokens[:, -completion_length:], chunk_size=chunk_size)
 
 
-def shard_batch(batch: GRPOBatch, mesh: Mesh, *, data_axis: str = "pop") -> GRPOBatch:
-  """Places the batch's rows on `data_axis` of `mesh` (contiguous blocks of rows per device)."""
-  return jax.device_put(batch, NamedSharding(mesh, PartitionSpec(data_axis)))
+def shard_batch(batch: GRPOBatch, mesh: Mesh) -> GRPOBatch:
+  """Places the batch's rows on `DATA_AXIS` of `mesh` (contiguous blocks of rows per device)."""
+  return jax.device_put(batch, NamedSharding(mesh, PartitionSpec(DATA_AXIS)))
 
 
 @jax.jit

@@ -14,7 +14,7 @@ PPO mini-batch 32). Each mini-batch's gradient is accumulated over micro-batches
 weighted so that the sum equals the gradient of the loss over the whole mini-batch for every
 aggregation. `UpdateSettings` holds the loss's and the batching's settings.
 
-Data parallelism: the batch's leading axis is sharded over the mesh axis `data_axis` ('pop', the
+Data parallelism: the batch's leading axis is sharded over the mesh axis `DATA_AXIS` ('pop', the
 axis ES uses for its population); parameters are replicated, or split over another mesh axis
 (they keep the layout they come with). Mini-batch i holds rows {i + k · num_mini}, a partition
 that does not depend on the number of devices, so the sharded step equals the single-device step
@@ -41,8 +41,9 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from es_jax import _checks
-from es_jax.grpo.loss import check_hyperparameters, grpo_loss
+from es_jax.grpo.loss import LossSettings, grpo_loss  # noqa: F401  (LossSettings re-exported)
 from es_jax.grpo.rollout import (  # noqa: F401  (re-exported: one import for a GRPO loop)
+  DATA_AXIS,
   GRPOBatch,
   _check_divisible,
   completion_logprobs,
@@ -69,16 +70,17 @@ class UpdateSettings:
   """How `update_step` trains on one rollout: the loss, the batching, what it recomputes.
 
   One value, validated on construction: a ValueError whose message starts with the field
-  (``UpdateSettings.eps_low=1.5 must be ...``). A pytree, as `es_jax.decode.sampling.Decoding`: the
-  loss's numbers ``eps_low``, ``eps_high`` and ``beta`` are its leaves, traced in the jitted step
-  (a new value does not recompile); the other fields are static.
+  (``UpdateSettings.micro_batch_size=0 must be ...``). A pytree, as
+  `es_jax.decode.sampling.Decoding`: the loss's numbers (`LossSettings`' ``eps_low``, ``eps_high``
+  and ``beta``) are its leaves, traced in the jitted step (a new value does not recompile); the
+  other fields are static.
 
   Attributes:
     mini_batch_size: M rows (sequences, not prompts) per optimizer step; B % M == 0. The paper's
       32-prompt mini-batch with G = 8 is M = 256.
     micro_batch_size: rows per device per gradient-accumulation step; M % (m · devices) == 0.
-    eps_low, eps_high, beta, aggregation: see `es_jax.grpo.loss.grpo_loss`; β = 0 skips the
-    reference.
+    loss: the clip, KL and aggregation settings (`es_jax.grpo.loss.LossSettings`), passed whole
+      to `grpo_loss`; β = 0 skips the reference.
     use_sampler_logp: take π_old from the sampler (batch.sampler_logp) instead of recomputing it
       with a forward pass; cheaper, but sampler and training numerics may differ slightly. With
       a single mini-batch (M = B) no recomputation is needed: π_old is the policy being trained.
@@ -90,10 +92,7 @@ class UpdateSettings:
 
   mini_batch_size: int
   micro_batch_size: int
-  eps_low: float | jax.Array = 0.2
-  eps_high: float | jax.Array = 0.2
-  beta: float | jax.Array = 0.0
-  aggregation: str = "seq_mean_token_mean"
+  loss: LossSettings = LossSettings()
   use_sampler_logp: bool = False
   chunk_size: int | None = None
   remat: bool = False
@@ -104,9 +103,8 @@ class UpdateSettings:
     _checks.positive_int(self.micro_batch_size, f"{name}.micro_batch_size")
     if self.chunk_size is not None:
       _checks.positive_int(self.chunk_size, f"{name}.chunk_size")
-    check_hyperparameters(
-      self.aggregation, self.beta, self.eps_low, self.eps_high, prefix=f"{name}."
-    )
+    if not isinstance(self.loss, LossSettings):
+      raise ValueError(f"{name}.loss={self.loss!r} must be an es_jax.grpo.loss.LossSettings.")
     object.__setattr__(self, "use_sampler_logp", bool(self.use_sampler_logp))
     object.__setattr__(self, "remat", bool(self.remat))
 
@@ -121,18 +119,14 @@ class UpdateSettings:
     return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), self)
 
   def tree_flatten(self):
-    static = (self.mini_batch_size, self.micro_batch_size, self.aggregation)
-    static += (self.use_sampler_logp, self.chunk_size, self.remat)
-    return (self.eps_low, self.eps_high, self.beta), static
+    static = (self.mini_batch_size, self.micro_batch_size, self.use_sampler_logp)
+    return (self.loss,), (*static, self.chunk_size, self.remat)
 
   @classmethod
   def tree_unflatten(cls, static, leaves):
-    # No validation: leaves may be tracers, shardings or abstract values here.
-    out = object.__new__(cls)
-    names = ("mini_batch_size", "micro_batch_size", "aggregation", "use_sampler_logp")
-    names += ("chunk_size", "remat", "eps_low", "eps_high", "beta")
-    for name, value in zip(names, (*static, *leaves), strict=True):
-      object.__setattr__(out, name, value)
+    out = object.__new__(cls)  # no validation: leaves may be tracers or abstract values here
+    names = ("mini_batch_size", "micro_batch_size", "use_sampler_logp", "chunk_size", "remat")
+    vars(out).update(zip((*names, "loss"), (*static, *leaves), strict=True))
     return out
 
 
@@ -145,7 +139,6 @@ def update_step(
   config: ModelConfig,
   optimizer: optax.GradientTransformation,
   mesh: Mesh | None = None,
-  data_axis: str = "pop",
   lower: bool = False,
 ) -> tuple[GRPOState, dict[str, jax.Array]] | jax.stages.Lowered:
   """B / mini_batch_size optimizer steps on one rollout, minimising `es_jax.grpo.loss.grpo_loss`.
@@ -155,12 +148,12 @@ def update_step(
 
   Args:
     state: the rollout policy's state; its params are π_old for the whole step.
-    batch: from `rollout` + `with_advantages`, leading axis sharded over `data_axis` if `mesh`.
+    batch: from `rollout` + `with_advantages`, leading axis sharded over `DATA_AXIS` if `mesh`.
     ref_params: frozen reference π_ref for the k3 KL term; not needed (ignored) when beta == 0.
     settings: the loss and batching (`UpdateSettings`).
     config: the model config (static).
     optimizer: e.g. `make_optimizer(...)` (static: the same object reuses the compiled step).
-    mesh, data_axis: the device mesh and the batch's axis on it. Params (and the optimizer
+    mesh: the device mesh, its `DATA_AXIS` splitting the batch's rows. Params (and the optimizer
       state) keep the shardings they come with: replicated (`replicate`), or split over another
       mesh axis (e.g. es_jax.devices.sharding.shard_params over 'model'); the mesh needs Auto axes.
     lower: return the lowered program (`jax.stages.Lowered`) instead of running it. Every check
@@ -176,12 +169,14 @@ def update_step(
     for `make_optimizer`, `learning_rate`.
   """
   _check_batch(batch)
-  settings.check_rows(np.shape(batch.tokens)[0], 1 if mesh is None else mesh.shape[data_axis])
-  beta_value = _checks.concrete_float(settings.beta)
+  settings.check_rows(np.shape(batch.tokens)[0], 1 if mesh is None else mesh.shape[DATA_AXIS])
+  beta_value = _checks.concrete_float(settings.loss.beta)
   if beta_value == 0.0:
     ref_params = None  # No KL term: skip the reference forward pass entirely.
   elif ref_params is None:
-    raise ValueError(f"beta={settings.beta} > 0 needs ref_params (the frozen reference policy).")
+    raise ValueError(
+      f"beta={settings.loss.beta} > 0 needs ref_params (the frozen reference policy)."
+    )
   program = _update_step.lower if lower else _update_step
   return program(
     state,
@@ -191,7 +186,6 @@ def update_step(
     config=config,
     optimizer=optimizer,
     mesh=mesh,
-    data_axis=data_axis,
     state_shardings=None if mesh is None else state_shardings(state),
   )
 
@@ -227,12 +221,11 @@ class _Layout(NamedTuple):
   micro_rows: int  # m: one accumulation step over all devices
   mini_batch_size: int
   mesh: Mesh | None
-  data_axis: str
 
-  def constrain(self, x, lead):  # keeps the row axis (after `lead` unsharded axes) on data_axis
+  def constrain(self, x, lead):  # keeps the row axis (after `lead` unsharded axes) on DATA_AXIS
     if self.mesh is None:
       return x
-    spec = PartitionSpec(*([None] * lead), self.data_axis)
+    spec = PartitionSpec(*([None] * lead), DATA_AXIS)
     return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
   def to_micro(
@@ -251,17 +244,15 @@ _TOKEN_METRICS = ("kl", "ratio_mean", "clip_frac", "clip_frac_low", "clip_frac_h
   jax.jit,
   # Static: the model and optimizer structure and the layout (`settings` keeps its own static
   # fields); the state's shardings, so the new state is laid out as the old one.
-  static_argnames=("config", "optimizer", "mesh", "data_axis", "state_shardings"),
+  static_argnames=("config", "optimizer", "mesh", "state_shardings"),
   donate_argnames=("state",),
 )
-def _update_step(
-  state, batch, ref_params, settings, *, config, optimizer, mesh, data_axis, state_shardings
-):
+def _update_step(state, batch, ref_params, settings, *, config, optimizer, mesh, state_shardings):
   mini = settings.mini_batch_size
-  devices = 1 if mesh is None else mesh.shape[data_axis]
+  devices = 1 if mesh is None else mesh.shape[DATA_AXIS]
   micro_rows = settings.micro_batch_size * devices
   num_mini = batch.tokens.shape[0] // mini
-  layout = _Layout(num_mini, mini // micro_rows, micro_rows, mini, mesh, data_axis)
+  layout = _Layout(num_mini, mini // micro_rows, micro_rows, mini, mesh)
   T = batch.completion_length
   score = functools.partial(completion_logprobs, config=config, completion_length=T)
   score = functools.partial(score, chunk_size=settings.chunk_size)
@@ -308,7 +299,7 @@ def _micro_batches(params, batch, ref_params, settings, layout, score, compute_d
 
   # Normalisers of the mini-batch loss, so each micro-batch's loss is weighted to sum to it.
   tokens_per_micro = jnp.sum(data["loss_mask"], axis=-1, dtype=jnp.float32)  # [num_mini, n, m]
-  if settings.aggregation == "token_mean":
+  if settings.loss.aggregation == "token_mean":
     count = jnp.sum(tokens_per_micro, axis=-1)  # [num_mini, n]
   else:
     count = jnp.full((layout.num_mini, layout.num_micro), float(layout.micro_rows))
@@ -327,16 +318,15 @@ def _frozen_logp(params, *, data, score, compute_dtype, layout):
 def _micro_loss(params, d, *, score, settings, length):
   """One micro-batch's loss, weighted to its share of the mini-batch's, and its metrics."""
   logp, entropy = score(params, d["tokens"], d["mask"])  # [m, T]
+  # Without a reference, beta is the Python float 0.0 grpo_loss needs to drop the KL term.
+  loss_settings = settings.loss if "ref_logp" in d else dataclasses.replace(settings.loss, beta=0.0)
   loss, metrics = grpo_loss(
     logp,
     d.get("old_logp", jax.lax.stop_gradient(logp)),
     d.get("ref_logp"),
     d["advantages"],
     d["loss_mask"],
-    eps_low=settings.eps_low,
-    eps_high=settings.eps_high,
-    beta=settings.beta if "ref_logp" in d else 0.0,
-    aggregation=settings.aggregation,
+    loss_settings,
     entropy=entropy,
     max_length=length,
   )

@@ -5,6 +5,7 @@ from es_jax.models.config import PRESETS, ModelConfig, RopeScaling, get_config
 from es_jax.models.gguf_loader import default_gguf_path, load_default, load_gguf
 from es_jax.models.hf import load_hf, save_hf
 from es_jax.models.transformer import (
+  ForwardMode,
   Transformer,
   cast_params,
   forward,

@@ -24,6 +24,7 @@ of the stack on every step (about a quarter of a SmolLM2 decode step's op time).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -163,6 +164,35 @@ def _layer_deltas(layer_deltas, layers, unrolled: bool):
   return layer_deltas
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class ForwardMode:
+  """How `forward` runs a block of tokens: against a KV cache or not, which positions' logits it
+  returns, what its backward pass saves. The default is a plain full-sequence pass.
+
+  Attributes:
+    cache: if given, this block is written to slots [cache_index, cache_index + S) (which must
+      fit: cache_index + S <= T) and attends to every valid slot up to its own; the updated
+      cache, stacked or per-layer like the one given, is returned.
+    cache_index: first cache slot of this block: a traced scalar, or [B] (each row's own, for
+      rows at different lengths; a scatter).
+    kv_chunk: with a cache, read only its first kv_chunk slots while they hold the block
+      (`attention.bucketed_cached_attention`); None reads every slot.
+    last_only: return logits of the last position only ([B, 1, V]), for prefill; an int n >= 1
+      (static), of the last n positions ([B, n, V]): the lm head and its backward pass then
+      cover those rows only (GRPO scores the completion's T + 1 positions, not the prompt's).
+    remat: recompute each scanned layer in the backward pass instead of saving its activations
+      (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
+      [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
+      training long completions needs this; it costs about one more forward pass.
+  """
+
+  cache: KVCache | None = None
+  cache_index: jax.Array | int = 0
+  kv_chunk: int | None = None
+  last_only: bool | int = False
+  remat: bool = False
+
+
 def forward(
   params: Params,
   tokens: jax.Array,
@@ -170,13 +200,9 @@ def forward(
   *,
   config: ModelConfig,
   mask: jax.Array | None = None,
-  cache: KVCache | None = None,
-  cache_index: jax.Array | int = 0,
   deltas: Params | None = None,
   delta_scale: jax.Array | float | None = None,
-  last_only: bool | int = False,
-  remat: bool = False,
-  kv_chunk: int | None = None,
+  mode: ForwardMode = ForwardMode(),
 ) -> tuple[jax.Array, KVCache | None]:
   """Runs the decoder on a block of tokens.
 
@@ -188,23 +214,10 @@ def forward(
     positions: [B, S] RoPE positions (for left-padded rows: cumsum(mask) - 1).
     config: the model's config (static).
     mask: [B, S] bool, False on padding. Defaults to all True.
-    cache: if given, this block is written to slots [cache_index, cache_index + S) (which must
-      fit: cache_index + S <= T) and attends to every valid slot up to its own; the updated
-      cache, stacked or per-layer like the one given, is returned.
-    cache_index: first cache slot of this block: a traced scalar, or [B] (each row's own, for
-      rows at different lengths; a scatter).
     deltas: optional low-rank perturbations, a dict mirroring `params` with (a, b) pairs on
       matrices (layer matrices carry a leading L axis). See the module docstring.
     delta_scale: c in W + c a bᵀ.
-    last_only: return logits of the last position only ([B, 1, V]), for prefill; an int n >= 1
-      (static), of the last n positions ([B, n, V]): the lm head and its backward pass then
-      cover those rows only (GRPO scores the completion's T + 1 positions, not the prompt's).
-    remat: recompute each scanned layer in the backward pass instead of saving its activations
-      (`jax.checkpoint`; no-cache, scanned path only). A layer's attention scores are
-      [B, heads, S, S] float32: at S = 8k saving them for every layer is ~100 GiB per row, so
-      training long completions needs this; it costs about one more forward pass.
-    kv_chunk: with a cache, read only its first kv_chunk slots while they hold the block
-      (`attention.bucketed_cached_attention`); None reads every slot.
+    mode: the cache, its slot and read window, the logits returned, remat (`ForwardMode`).
 
   Returns:
     (logits [B, S, V] float32, updated cache or None).
@@ -213,6 +226,7 @@ def forward(
   bf16 model) are cast to it here, so the compute dtype is always the config's.
   """
   c = config
+  cache, cache_index, last_only = mode.cache, mode.cache_index, mode.last_only
   B, S = tokens.shape
   params = cast_params(params, c.jnp_dtype)
   deltas = deltas or {}
@@ -231,12 +245,20 @@ def forward(
   allowed = allowed_slots(kv_mask, kv_slots, cache_index, S)  # [B, S, T]
 
   blk = Block(
-    c, positions, inv_freq, allowed, cache is not None, kv_mask, cache_index, kv_chunk, delta_scale
+    c,
+    positions,
+    inv_freq,
+    allowed,
+    cache is not None,
+    kv_mask,
+    cache_index,
+    mode.kv_chunk,
+    delta_scale,
   )
   if unrolled:
     h, new_cache = run_unrolled(blk, h, layers, layer_deltas, cache)
   elif cache is None:
-    h, new_cache = run_scanned(blk, h, layers, layer_deltas, remat), None
+    h, new_cache = run_scanned(blk, h, layers, layer_deltas, mode.remat), None
   else:
     h, new_cache = run_scanned_cached(blk, h, layers, layer_deltas, cache)
   h = h[:, -int(last_only) :] if last_only else h  # True: the last position

@@ -9,8 +9,9 @@ Never runs model code in this process. The sandbox model (details in `_sandbox_j
     capabilities and no_new_privs. So: no network (the new namespace has only a down loopback),
     no other process to see or signal, no host file to read or write, and at the deadline every
     descendant dies with the PID namespace, `setsid` or not. Nothing is left on the host disk.
-  * Resource limits: wall clock `timeout_s`, RLIMIT_CPU, RLIMIT_AS (`memory_bytes`),
-    RLIMIT_FSIZE (`max_file_bytes`), RLIMIT_NOFILE, RLIMIT_CORE = 0, RLIMIT_NPROC = 0.
+  * Resource limits (one `Limits` value): wall clock `timeout_s`, RLIMIT_CPU, RLIMIT_AS
+    (`memory_bytes`), RLIMIT_FSIZE (`max_file_bytes`), RLIMIT_NOFILE, RLIMIT_CORE = 0,
+    RLIMIT_NPROC = 0.
   * Verdict: the judge runs the tests itself and calls into the program only through proxies
     whose answers are plain data, so the program can neither see the expected values nor report
     a pass (no token to steal, `assert False` cannot pass, an always-equal object does not
@@ -24,6 +25,7 @@ Never runs model code in this process. The sandbox model (details in `_sandbox_j
 `run_sandboxed` is thread-safe; run several with a thread pool to use more cores.
 """
 
+import dataclasses
 import math
 import os
 import shutil
@@ -48,6 +50,41 @@ MODES = ("root", "userns", "unsafe")
 
 class SandboxUnavailableError(RuntimeError):
   """This machine cannot isolate generated programs, and unsandboxed runs were not allowed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  """What one `run_sandboxed` call may use, one value; ``timeout_s`` is checked on construction.
+
+  Attributes:
+    timeout_s: wall-clock limit; CPU time is limited to ceil(timeout_s) seconds too.
+    memory_bytes: address-space limit (RLIMIT_AS).
+    max_file_bytes: largest file the program may write (RLIMIT_FSIZE).
+    max_tmp_bytes: size of the program's writable /tmp.
+    max_files: files and directories the program may create in /tmp.
+    max_output_chars: how much output to return.
+  """
+
+  timeout_s: float = 5.0
+  memory_bytes: int = 512 << 20
+  max_file_bytes: int = 1 << 20
+  max_tmp_bytes: int = 16 << 20
+  max_files: int = 64
+  max_output_chars: int = 2000
+
+  def __post_init__(self):
+    if not self.timeout_s > 0:
+      raise ValueError(f"Limits.timeout_s={self.timeout_s} must be positive.")
+
+  def judge_config(self) -> dict:
+    """The limits as the judge reads them (with the host paths it binds)."""
+    return {
+      "binds": _binds(),
+      "limits": [math.ceil(self.timeout_s), int(self.memory_bytes), int(self.max_file_bytes)],
+      "tmp_bytes": int(self.max_tmp_bytes),
+      "tmp_files": int(self.max_files),
+      "max_output": 4 * int(self.max_output_chars) + 1024,
+    }
 
 
 class SandboxResult(NamedTuple):
@@ -144,7 +181,7 @@ def isolation_mode() -> tuple[str | None, str]:
         why = "the `unshare` command (util-linux) is not installed"
       else:
         candidate = "root" if os.geteuid() == 0 else "userns"
-        config = _config(5, 256 << 20, 1 << 20, 16 << 20, 64, 2000)
+        config = Limits(5, 256 << 20).judge_config()
         probe = {"program": "def f():\n  return 1", "tests": "assert f() == 1", "setup": ""}
         status, _, output = _run(candidate, config, probe, 10.0)
         if status == "passed":
@@ -153,16 +190,6 @@ def isolation_mode() -> tuple[str | None, str]:
           why = f"`unshare` could not build the sandbox as {candidate}: {output.strip()[-500:]}"
       _PROBE["mode"], _PROBE["why"] = mode, why
     return _PROBE["mode"], _PROBE["why"]
-
-
-def _config(timeout_s, memory_bytes, max_file_bytes, max_tmp_bytes, max_files, max_output_chars):
-  return {
-    "binds": _binds(),
-    "limits": [math.ceil(timeout_s), int(memory_bytes), int(max_file_bytes)],
-    "tmp_bytes": int(max_tmp_bytes),
-    "tmp_files": int(max_files),
-    "max_output": 4 * int(max_output_chars) + 1024,
-  }
 
 
 def _resolve_mode(allow_unsandboxed: bool | None) -> str:
@@ -191,12 +218,7 @@ def run_sandboxed(
   tests: str = "",
   *,
   setup: str = "",
-  timeout_s: float = 5.0,
-  memory_bytes: int = 512 << 20,
-  max_file_bytes: int = 1 << 20,
-  max_tmp_bytes: int = 16 << 20,
-  max_files: int = 64,
-  max_output_chars: int = 2000,
+  limits: Limits = Limits(),
   allow_unsandboxed: bool | None = None,
 ) -> SandboxResult:
   """Run `setup` then `program` in the sandbox, and judge `tests` against it.
@@ -207,12 +229,7 @@ def run_sandboxed(
       newlines; they use the program's names.
     setup: code run first, in both the program and the judge (MBPP's test_setup_code /
       test_imports).
-    timeout_s: wall-clock limit; CPU time is limited to ceil(timeout_s) seconds too.
-    memory_bytes: address-space limit (RLIMIT_AS).
-    max_file_bytes: largest file the program may write (RLIMIT_FSIZE).
-    max_tmp_bytes: size of the program's writable /tmp.
-    max_files: files and directories the program may create in /tmp.
-    max_output_chars: how much output to return.
+    limits: time, memory, file and output limits (`Limits`).
     allow_unsandboxed: run without isolation where it is unavailable (None: the environment
       variable ES_JAX_ALLOW_UNSANDBOXED_CODE decides).
 
@@ -222,19 +239,15 @@ def run_sandboxed(
   Raises:
     SandboxUnavailableError: no isolation here and unsandboxed runs not allowed.
   """
-  if timeout_s <= 0:
-    raise ValueError(f"run_sandboxed: timeout_s={timeout_s} must be positive.")
   mode = _resolve_mode(allow_unsandboxed)
-  config = _config(
-    timeout_s, memory_bytes, max_file_bytes, max_tmp_bytes, max_files, max_output_chars
-  )
   request = {"program": str(program), "tests": str(tests), "setup": str(setup)}
   start = time.monotonic()
-  status, returncode, output = _run(mode, config, request, float(timeout_s))
+  status, returncode, output = _run(mode, limits.judge_config(), request, float(limits.timeout_s))
   elapsed = time.monotonic() - start
   if status == "timeout":
     verifier.count_failure("timeouts")
-  return SandboxResult(status == "passed", status, returncode, output[:max_output_chars], elapsed)
+  output = output[: limits.max_output_chars]
+  return SandboxResult(status == "passed", status, returncode, output, elapsed)
 
 
 def extract_code(completion: str) -> str:
@@ -273,9 +286,8 @@ def code_reward(
 ) -> float:
   """1.0 if the extracted program passes every assert of `example["test_list"]`, else 0.0."""
   tests, setup = _tests_of(example)
-  result = run_sandboxed(
-    extract_code(completion), tests, setup=setup, timeout_s=timeout_s, memory_bytes=memory_bytes
-  )
+  limits = Limits(timeout_s=timeout_s, memory_bytes=memory_bytes)
+  result = run_sandboxed(extract_code(completion), tests, setup=setup, limits=limits)
   return float(result.passed)
 
 

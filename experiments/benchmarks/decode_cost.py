@@ -27,7 +27,7 @@ prefills each ran.
 (b) Step cost against cache fill. One decode step (`forward` with one new token per row over a
 cache of `budget` slots, layers unrolled as the CPU decode loop runs them, cache donated so it is
 updated in place) at fills of 5%, 50% and 100% of the budget, with the bucketed cache read
-(`forward`'s `kv_chunk=128`: the first 128 slots while they hold the filled ones, else all) and
+(`ForwardMode(kv_chunk=128)`: the first 128 slots while they hold the filled ones, else all) and
 the dense one: milliseconds per step (median of `repeats` + 2 steps after a compiling one), the
 5% / 100% ratio, each step's compile seconds (compiled ahead), and bucketed / dense ratios.
 
@@ -58,6 +58,7 @@ from es_jax.decode.loop import decode
 from es_jax.decode.queue import decode_queue
 from es_jax.es.member_axes import Member
 from es_jax.models import (
+  ForwardMode,
   forward,
   init_cache,
   param_shapes,
@@ -198,8 +199,8 @@ def step_cost(p, cfg, args) -> None:
 
   def step(params, cache, index, kv_chunk):
     logits, cache = forward(
-      params, tok, jnp.full((B, 1), index), config=cfg, mask=live, cache=cache,
-      cache_index=index, kv_chunk=kv_chunk,
+      params, tok, jnp.full((B, 1), index), config=cfg, mask=live,
+      mode=ForwardMode(cache, index, kv_chunk),
     )  # fmt: skip
     return logits, cache
 
@@ -305,7 +306,7 @@ def tpu_bytes(cfg, args) -> None:
 
       def step(params, cache, index=index, chunk=chunk):
         tok, pos = jnp.zeros((B, 1), jnp.int32), jnp.full((B, 1), index)
-        return forward(params, tok, pos, config=cfg, cache=cache, cache_index=index, kv_chunk=chunk)
+        return forward(params, tok, pos, config=cfg, mode=ForwardMode(cache, index, chunk))
 
       compiled = jax.jit(step, donate_argnums=1).lower(layers, cache).compile()
       accessed = tpu_programs.figures(compiled)["bytes_accessed"]

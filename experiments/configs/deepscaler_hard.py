@@ -11,7 +11,7 @@ Data: DeepScaleR-Preview's deepscaler.json (--config.data.source_dir=DIR) for tr
 final evaluation is the paper's math average: MATH-500 (eval.task; its test.jsonl in
 --config.eval.source_dir=DIR) and the extra tasks AIME24 (30 problems), AIME25 (30) and AMC23
 (40), macro-averaged in eval/table.md. The extra tasks have no source_dir here: prepare each once
-into the TFDS data_dir (es_jax.data.load_task(name, "test", source_dir=DIR, data_dir=...)), or
+into the TFDS data_dir (es_jax.data.load_task(name, "test", files=DataFiles(data_dir, DIR))), or
 give the entries with source_dir in --config.eval.extra_tasks. Expected files
 (es_jax.data.builders): AIME24 test.jsonl / aime24.jsonl / *.parquet (e.g.
 HuggingFaceH4/aime_2024); AIME25 test.jsonl / aime25.jsonl / aime2025*.jsonl

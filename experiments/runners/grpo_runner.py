@@ -12,8 +12,8 @@ checkpoint holds the whole `GRPOState` (params, AdamW state, optimizer step coun
 input of step g is a function of (seed, g), a resumed run repeats the uninterrupted one.
 
 The config's values become the optimizer, the rollout's `Decoding` and the step's
-`UpdateSettings` before the first step, their errors naming the field (``config.grpo.eps_low``);
-an error raised inside a step is reported as itself.
+`UpdateSettings` (with its `LossSettings`) before the first step, their errors naming the field
+(``config.grpo.eps_low``); an error raised inside a step is reported as itself.
 """
 
 from __future__ import annotations
@@ -88,15 +88,13 @@ def update_settings(
   cfg = config.grpo
   rows = int(config.data.prompts_per_step) * int(cfg.num_generations)
   mini = int(cfg.mini_batch_size) or rows
+  with _grpo_fields("LossSettings"):
+    loss = grpo_update.LossSettings(
+      float(cfg.eps_low), float(cfg.eps_high), float(cfg.beta), cfg.aggregation
+    )
   with _grpo_fields("UpdateSettings"):
     settings = grpo_update.UpdateSettings(
-      mini,
-      int(cfg.micro_batch_size),
-      eps_low=float(cfg.eps_low),
-      eps_high=float(cfg.eps_high),
-      beta=float(cfg.beta),
-      aggregation=cfg.aggregation,
-      remat=bool(cfg.remat),
+      mini, int(cfg.micro_batch_size), loss, remat=bool(cfg.remat)
     )
   config_check.check(
     mini % (settings.micro_batch_size * devices) == 0,
@@ -130,7 +128,7 @@ def train(
   )
   if ref_params is None:
     ref_params = ctx.base_params
-  ref_params = ref_params if settings.beta > 0 else None
+  ref_params = ref_params if settings.loss.beta > 0 else None
   loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():

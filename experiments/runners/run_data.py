@@ -46,8 +46,6 @@ def _task_kwargs(section: Mapping[str, Any], field: str) -> dict[str, Any]:
   return dict(
     name=task,
     task_config=task_config,
-    data_dir=section.get("data_dir") or None,
-    source_dir=section.get("source_dir") or None,
     on_bad_row=section.get("on_bad_row") or "raise",
   )
 
@@ -94,12 +92,12 @@ def load_examples(
   split = section.get("split") or ""
   check(bool(split), f"{field}.split", split, "name a split")
   with config_check.user_errors(f"config.{field}"):
-    examples = data.load_task(
-      split=split,
-      limit=limit,
-      progress=bool(section.get("progress", fields.default("progress"))),
-      **kwargs,
+    files = data.DataFiles(
+      section.get("data_dir") or None,
+      section.get("source_dir") or None,
+      bool(section.get("progress", fields.default("progress"))),
     )
+    examples = data.load_task(split=split, files=files, limit=limit, **kwargs)
   check(len(examples) > 0, f"{field}.limit", limit, f"the task {kwargs['name']!r} gave no example")
   return examples
 

@@ -374,7 +374,6 @@ class Setup:
       config=cfg,
       optimizer=optimizer,
       mesh=mesh,
-      data_axis="pop",
       state_shardings=grpo_update.state_shardings(state),
     )
     return lowered, None, (rows // mini) * (mini // (micro * self.pop))
