@@ -106,7 +106,9 @@ def test_demo_smoke_runs_every_method_and_writes_report(tmp_path):
       assert row[col].startswith(f"{macro[key]:.3f}"), (label, col, row[col])
     assert row["eval min"] != "n/a" and float(row["eval min"]) >= 0.0
     if name != "base":
-      assert float(row["train min"]) > 0.0 and float(row["drift"]) > 0.0
+      # A smoke run can train in under 3 s, which the table rounds to 0.0 minutes.
+      assert float(row["train min"]) >= 0.0, (label, row["train min"])
+      assert float(row["drift"]) > 0.0, (label, row["drift"])
       assert 0.0 <= float(row["compile s"]) <= 60.0 * (float(row["train min"]) + 0.05) + 0.05
   # Rerun: every run is finished; the report is rebuilt from the same files, minutes included.
   table = [ln for ln in report.splitlines() if ln.startswith("| ")]
