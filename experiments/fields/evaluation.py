@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from experiments.fields.run import task_source_fields
 from experiments.schema.values import (
   NON_NEGATIVE,
   PROBABILITY,
@@ -13,8 +14,6 @@ from experiments.schema.values import (
   boolean,
   int_sequence,
   integer,
-  mapping,
-  one_of,
   task_name,
   text,
 )
@@ -37,14 +36,7 @@ EVAL = Group(
     "path": Field("", text(), "task 'file': the held-out file ('' = data.path, the training file)"),
     "split": Field("test", text(empty_ok=False), "the dataset split"),
     "limit": Field(64, integer(1), "problems in the final evaluation"),
-    "task_config": Field({}, mapping, "reasoning-gym generator options ({} = the task's defaults)"),
-    "data_dir": Field("", text(), "prepared TFDS data ('' = TFDS's default directory)"),
-    "source_dir": Field("", text(), "downloaded original files ('' = use what data_dir holds)"),
-    "on_bad_row": Field(
-      "raise",
-      one_of(("raise", "skip")),
-      "a bad row of the source files: 'raise' (naming file and line) or 'skip'",
-    ),
+    **task_source_fields(),
     "drop_seen": Field(
       False,
       boolean,

@@ -18,6 +18,22 @@ from experiments.schema.values import (
   text,
 )
 
+
+def task_source_fields() -> dict[str, Field]:
+  """The fields that say where a task's rows come from, declared once for the two groups that
+  read a task (`data` and `eval`); fresh `Field`s per call, one per group."""
+  return {
+    "task_config": Field({}, mapping, "reasoning-gym generator options ({} = the task's defaults)"),
+    "data_dir": Field("", text(), "prepared TFDS data ('' = TFDS's default directory)"),
+    "source_dir": Field("", text(), "downloaded original files ('' = use what data_dir holds)"),
+    "on_bad_row": Field(
+      "raise",
+      one_of(("raise", "skip")),
+      "a bad row of the source files: 'raise' (naming file and line) or 'skip'",
+    ),
+  }
+
+
 # The one method table: config.method -> the runner "module:function(config, workdir)" that
 # experiments.main calls.
 METHODS = {
@@ -143,14 +159,7 @@ DATA = Group(
       integer(1, none_ok=True),
       "examples in the training pool (reasoning-gym: problems generated; None = all)",
     ),
-    "task_config": Field({}, mapping, "reasoning-gym generator options ({} = the task's defaults)"),
-    "data_dir": Field("", text(), "prepared TFDS data ('' = TFDS's default directory)"),
-    "source_dir": Field("", text(), "downloaded original files ('' = use what data_dir holds)"),
-    "on_bad_row": Field(
-      "raise",
-      one_of(("raise", "skip")),
-      "a bad row of the source files: 'raise' (naming file and line) or 'skip'",
-    ),
+    **task_source_fields(),
     "reward": Field(
       "",
       reward_or_task(empty_ok=True),
