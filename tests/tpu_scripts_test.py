@@ -2,7 +2,8 @@
 
 No cloud access: `gcloud` and `python` are stubs on PATH. The gcloud stub logs its arguments and
 runs an `ssh --command` script with bash in a fake home directory, standing in for every worker;
-the python stub records its argv (NUL-separated) and pid. Only bash subprocesses, no JAX.
+the python stub records its argv (NUL-separated) and pid, each file renamed into place whole
+(a detached run is read while it may still be writing). Only bash subprocesses, no JAX.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ if [[ "$4" == ssh && -z "${STUB_NO_EXEC:-}" ]]; then
 fi
 """
 PYTHON_STUB = r"""#!/usr/bin/env bash
-printf '%s\0' "$@" > "$STUB_DIR/$2.argv"
-echo $$ > "$STUB_DIR/$2.pid"
+printf '%s\0' "$@" > "$STUB_DIR/$2.argv.tmp" && mv "$STUB_DIR/$2.argv.tmp" "$STUB_DIR/$2.argv"
+echo $$ > "$STUB_DIR/$2.pid.tmp" && mv "$STUB_DIR/$2.pid.tmp" "$STUB_DIR/$2.pid"  # whole or absent
 if [[ "$2" == experiments.tpu.plan ]]; then exit "${STUB_PLAN_RC:-0}"; fi
 """
 TRICKY = [  # overrides the remote shells must not touch
