@@ -235,10 +235,11 @@ def dry_run(config, workdir: str) -> dict:
   n_params = sum(int(x.size) for x in jax.tree.leaves(params))
   problems = len(evaluator.examples) + sum(len(spec.examples) for spec in evaluator.extra)
   rows = work_plan.plan(config, problems)
+  extra = work_plan.conditional(config, problems)
   return {
     "dry_run": True,
     "method": config.method,
-    **({"planned_work": work_plan.summary(rows, n_params)} if rows else {}),
+    **({"planned_work": work_plan.summary(rows, n_params, extra)} if rows else {}),
     "model_parameters": n_params,
     "model_dtype": dtype,
     "train_examples": train_examples,

@@ -40,3 +40,38 @@ def test_paper_budget_on_a_cpu_shows_its_scale():
   assert cpu["new_tokens_at_most"] * 100 < plan["new_tokens_at_most"]
   assert " h " in plan["cpu_estimate"] and " h " not in cpu["cpu_estimate"]
   assert work_plan.plan(with_fields(paper, method="report"), 20) == []
+
+
+def test_fair_study_plans_every_stage_and_apart_what_an_outcome_may_add():
+  from experiments.configs import fair_study, fair_study_v2
+
+  v2 = fair_study_v2.get_config()  # N = 16, 16 prompts, G = 8, 30 steps, 256 problems x (32 + 1)
+  rows = dict((s, c) for s, c, _ in work_plan.plan(v2, 256))
+  evaluation, es, grpo = 256 * 33, 30 * 16 * 16, 30 * 16 * 8
+  assert rows["calibration: base model"] == 16
+  # per σ of the 4-σ grid: 16 members x 16 problems greedy, and x 8 samples for JS_succ
+  assert sum(c for s, c in rows.items() if s.startswith("calibration σ=")) == 4 * (256 + 2048)
+  assert sum(c for s, c in rows.items() if s.startswith("pilots: es")) == 3 * 6 * 256
+  assert sum(c for s, c in rows.items() if s.startswith("pilots: grpo")) == 3 * 6 * 128
+  arms = [s for s in rows if s.startswith("runs: ") and not s.endswith("evaluation")]
+  assert len(arms) == 7 and sum(rows[s] for s in arms) == 5 * es + 2 * grpo
+  assert sum(c for s, c in rows.items() if s.endswith("evaluation")) == 8 * evaluation
+  assert sum(c for s, c in rows.items() if s.startswith("diversity")) == 3 * 16 * 16 * 8
+  # the doc's hand count: 129,808 completions before the diversity stage
+  assert sum(rows.values()) == 129_808 + 3 * 2048
+  extra = dict((s, c) for s, c, _ in work_plan.conditional(v2, 256))
+  assert sum(c for s, c in extra.items() if s.endswith(", long")) == 4 * 100 * 256
+  assert sum(c for s, c in extra.items() if s.startswith("pilot extensions")) == 2 * (1536 + 768)
+  assert sum(c for s, c in extra.items() if s.startswith("calibration extension")) == 3 * 2304
+  summary = work_plan.summary(work_plan.plan(v2, 256), 135_000_000, work_plan.conditional(v2, 256))
+  assert summary["conditional"]["completions_total"] == sum(extra.values())
+  v1 = fair_study.get_config()  # demo.runs = es, es_null, grpo; no extensions in design 1
+  rows = dict((s, c) for s, c, _ in work_plan.plan(v1, 128))
+  assert rows["runs: base model evaluation"] == 128 * 17
+  for name, method in (("es", "es"), ("es_null", "es"), ("grpo", "grpo")):
+    assert rows[f"runs: {name}: {method}"] == 30 * 16 * (16 if method == "es" else 8)
+    assert rows[f"runs: {name}: final evaluation"] == 128 * 17
+  assert not any(
+    s.startswith("pilot ext") or "long" in s for s, _, _ in work_plan.conditional(v1, 128)
+  )
+  assert work_plan.conditional(custom.get_config("cpu"), 16) == []
