@@ -5,13 +5,19 @@ import os
 import shutil
 import tempfile
 
-# XLA:CPU compiles test programs at LLVM's cheapest optimisation level: the suite is compile-bound
-# (hundreds of small programs, each run a few times), and level 0 took 29% less CPU time on
-# sampling_test.py and 15% less on golden_test.py (docs/testing.md), with the same tokens, bitwise
-# references and golden record. A level set in $XLA_FLAGS wins; CLI subprocesses drop the flags.
+# XLA:CPU compiles test programs cheaply: the suite is compile-bound (hundreds of small programs,
+# each run a few times). LLVM's optimisation level 0 took 29% less CPU time on sampling_test.py
+# and 15% less on golden_test.py; the classic loop emitters instead of the fusion emitters took a
+# further 30% off sharding_test.py and 26% off reference_arithmetic_test.py (docs/testing.md).
+# Tokens, bitwise references and the golden record are the same. A flag already set in
+# $XLA_FLAGS wins; CLI subprocesses drop the flags.
+TEST_XLA_FLAGS = {
+  "xla_backend_optimization_level": "0",
+  "xla_cpu_use_fusion_emitters": "false",
+}
 _XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" not in _XLA_FLAGS:
-  os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
+_ADDED = [f"--{k}={v}" for k, v in TEST_XLA_FLAGS.items() if k not in _XLA_FLAGS]
+os.environ["XLA_FLAGS"] = " ".join([_XLA_FLAGS, *_ADDED]).strip()
 # The suite runs on the CPU (fake devices below) even where libtpu is installed for
 # tpu_plan_test.py, which compiles for TPU topologies without a TPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
