@@ -38,8 +38,9 @@ test: lint test-fast test-slow
 # The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
 # one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest. While working,
 # `ES_JAX_TEST_COMPILE_CACHE=DIR make test-fast` keeps the compiled programs for the next run.
+# Files in collection order (tests/conftest.py puts the heaviest first), not by test count.
 test-fast: $(BIN)/.tpu-installed
-	$(PYTEST) -m "not slow"
+	$(PYTEST) --no-loadscope-reorder -m "not slow"
 
 test-slow: $(BIN)/.tpu-installed
 	$(PYTEST) -m slow

@@ -5,13 +5,19 @@ import os
 import shutil
 import tempfile
 
-# XLA:CPU compiles test programs at LLVM's cheapest optimisation level: the suite is compile-bound
-# (hundreds of small programs, each run a few times), and level 0 took 29% less CPU time on
-# sampling_test.py and 15% less on golden_test.py (docs/testing.md), with the same tokens, bitwise
-# references and golden record. A level set in $XLA_FLAGS wins; CLI subprocesses drop the flags.
+# XLA:CPU compiles test programs cheaply: the suite is compile-bound (hundreds of small programs,
+# each run a few times). LLVM's optimisation level 0 took 29% less CPU time on sampling_test.py
+# and 15% less on golden_test.py; the classic loop emitters instead of the fusion emitters took a
+# further 30% off sharding_test.py and 26% off reference_arithmetic_test.py (docs/testing.md).
+# Tokens, bitwise references and the golden record are the same. A flag already set in
+# $XLA_FLAGS wins; CLI subprocesses drop the flags.
+TEST_XLA_FLAGS = {
+  "xla_backend_optimization_level": "0",
+  "xla_cpu_use_fusion_emitters": "false",
+}
 _XLA_FLAGS = os.environ.get("XLA_FLAGS", "")
-if "xla_backend_optimization_level" not in _XLA_FLAGS:
-  os.environ["XLA_FLAGS"] = f"{_XLA_FLAGS} --xla_backend_optimization_level=0".strip()
+_ADDED = [f"--{k}={v}" for k, v in TEST_XLA_FLAGS.items() if k not in _XLA_FLAGS]
+os.environ["XLA_FLAGS"] = " ".join([_XLA_FLAGS, *_ADDED]).strip()
 # The suite runs on the CPU (fake devices below) even where libtpu is installed for
 # tpu_plan_test.py, which compiles for TPU topologies without a TPU.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -132,3 +138,33 @@ def pytest_report_header(config):
       f"tier: -m {markexpr!r} (tests marked slow are run by `make test-slow`; `make test` runs all)"
     )
   return None
+
+
+# The quick tier's heaviest files, heaviest first (CPU seconds of their quick tests, measured in
+# docs/testing.md). `make test-fast` runs files in collection order (--no-loadscope-reorder) and
+# hands one file at a time to each worker: starting with the longest files and ending with the
+# short ones leaves neither worker idle for long at the end. The order changes no result.
+HEAVY_FILES = (
+  "runners_test.py",
+  "sharding_test.py",
+  "sampling_test.py",
+  "user_reward_test.py",
+  "population_test.py",
+  "grpo_update_test.py",
+  "reference_arithmetic_test.py",
+  "decode_loop_test.py",
+  "models_test.py",
+  "eval_sampler_test.py",
+  "tpu_plan_test.py",
+  "es_test.py",
+  "metrics_test.py",
+  "evaluate_test.py",
+  "noise_test.py",
+  "attention_test.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+  """Runs the files of `HEAVY_FILES` first, in that order; the rest keep their order."""
+  rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+  items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

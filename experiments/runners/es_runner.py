@@ -219,7 +219,10 @@ def train(ctx: run_context.Context, params, stage: train_loop.Stage) -> train_lo
     jax.tree.leaves(params)[0].dtype,
     cfg.arithmetic,
   )
-  state = {"params": params, "opt_state": rule(sizes.learning_rate).init(params)}
+  # The optimizer state placed as well: an unplaced step count would compile the update twice
+  # (the first step's output comes back placed).
+  opt_state = sharding.place_params(rule(sizes.learning_rate).init(params), ctx.mesh)
+  state = {"params": params, "opt_state": opt_state}
   loop = train_loop.Loop(ctx, stage, state)
   state = loop.state
   for step in loop.steps():

@@ -205,7 +205,9 @@ class Loop:
       ctx.workdir, config=ctx.config, resume_step=resume, data_sources=ctx.data_sources
     )
     if resume == -1 and ctx.config.eval.every > 0 and not self.preempt.should_stop():
-      logger.log(0, self._periodic(ctx.base_params, 0))  # the base model
+      # The base model, placed as the trained params are, so that later evaluations reuse its
+      # compiled programs.
+      logger.log(0, self._periodic(sharding.place_params(ctx.base_params, ctx.mesh), 0))
     return logger, resume
 
   def _restore(self, workdir: str, state: Any):
