@@ -15,7 +15,10 @@ reads the kernel's peak resident set (``VmHWM`` in ``/proc/self/status``) after 
 resets it (``/proc/self/clear_refs``) and reads it again after the steps:
 
 * load: the peak while importing JAX and loading the model and data.
-* stage: the peak during the steps (compiles included), the figure the goal compares.
+* stage: the peak during the steps (compiles included), the figure the goal compares;
+  below it the peaks within the stage's calls of its decode (ES: `evaluate_population`, GRPO:
+  `rollout`), its update (`es_runner._apply`, `update_step`) and its checkpoint saves
+  (`Checkpointer.save`; an asynchronous write goes on into the next call), each waited for.
 
 ``--update_analysis PROMPT_LEN`` instead prints XLA's compiled memory analysis of the GRPO update
 alone (`es_jax.grpo.update.update_step(..., lower=True)` on abstract SmolLM2-135M shapes: no
@@ -80,14 +83,53 @@ def apply_overrides(config, items: list[str]) -> None:
     node[leaf] = value
 
 
+class _Phases:
+  """Peak resident set per phase of a stage: each wrapped call resets the kernel's mark before
+  and reads it after (outputs waited for); the stage's peak is the largest mark of all, phases
+  and the time between them."""
+
+  def __init__(self):
+    self.peaks: dict[str, int] = {}
+    self.outside = 0  # between the wrapped calls
+
+  def wrap(self, owner, attr: str, phase: str) -> None:
+    import jax
+
+    call = getattr(owner, attr)
+
+    def timed(*a, **k):
+      self.outside = max(self.outside, _peak_bytes())
+      _reset_peak()
+      out = call(*a, **k)
+      jax.block_until_ready(out)
+      self.peaks[phase] = max(self.peaks.get(phase, 0), _peak_bytes())
+      _reset_peak()
+      return out
+
+    setattr(owner, attr, timed)
+
+  def stage_peak(self) -> int:
+    return max(self.outside, _peak_bytes(), *self.peaks.values())
+
+
 def child(args) -> dict:
   """Runs one stage in this process and returns its memory figures."""
-  from es_jax.persist import preemption
+  from es_jax.es import population
+  from es_jax.grpo import update as grpo_update
+  from es_jax.persist import checkpoint, preemption
   from experiments.runners import es_runner, grpo_runner, run_context, train_loop
 
   spec = args._child
   stage = spec.split("@")[0]
   train = {"es": es_runner.train, "grpo": grpo_runner.train}[stage]
+  phases = _Phases()
+  if stage == "es":
+    phases.wrap(population, "evaluate_population", "decode")
+    phases.wrap(es_runner, "_apply", "update")
+  else:
+    phases.wrap(grpo_update, "rollout", "decode")
+    phases.wrap(grpo_update, "update_step", "update")
+  phases.wrap(checkpoint.Checkpointer, "save", "checkpoint")
   with tempfile.TemporaryDirectory(prefix=f"stage_memory_{stage}_") as workdir:
     with preemption.sigterm_scope():
       ctx = run_context.make_context(_config(args, spec), workdir)
@@ -96,7 +138,8 @@ def child(args) -> dict:
       t0 = time.perf_counter()
       train(ctx, ctx.base_params, train_loop.Stage(stage, args.steps, f"{workdir}/ckpt"))
       out["seconds"] = time.perf_counter() - t0
-      out["stage_peak"] = _peak_bytes()
+      out["stage_peak"] = phases.stage_peak()
+      out.update({f"{k}_peak": v for k, v in phases.peaks.items()})
   return out
 
 
@@ -186,13 +229,16 @@ def main(argv=None):
     ("peak RSS, load (MiB)", "load_peak", MiB),
     ("RSS after load (MiB)", "rss_before", MiB),
     ("peak RSS, stage (MiB)", "stage_peak", MiB),
+    ("  in decode (MiB)", "decode_peak", MiB),
+    ("  in update (MiB)", "update_peak", MiB),
+    ("  in checkpoint (MiB)", "checkpoint_peak", MiB),
     ("stage seconds", "seconds", 1.0),
   )
   for i, s in enumerate(stages):
     print(f"  [{i}] {s}")
   print(f"\n{'':<24}" + "".join(f"{f'[{i}]':>10}" for i in range(len(stages))))
   for label, key, unit in rows:
-    print(f"{label:<24}" + "".join(f"{res[s][key] / unit:10.1f}" for s in stages))
+    print(f"{label:<24}" + "".join(f"{res[s].get(key, 0) / unit:10.1f}" for s in stages))
   if "es" in res:
     for s in [s for s in stages if s.split("@")[0] == "grpo"]:
       ratio = res[s]["stage_peak"] / res["es"]["stage_peak"]

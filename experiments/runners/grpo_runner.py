@@ -147,6 +147,9 @@ def train(
     host, rewards, new_tokens = _score_rollout(ctx, completions, examples, group)
     loop.check_rewards(step, rewards)  # none finite: stop before the update
     batch, adv_stats = grpo_update.with_advantages(batch, rewards, std=std)
+    # A checkpoint still being written holds the state's buffers, and the step could not update
+    # them in place (donation): it would hold a second state (1.6 GB for SmolLM2-135M).
+    loop.ckpt.wait()
     state, update = grpo_update.update_step(
       state,
       batch,
