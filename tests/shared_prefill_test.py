@@ -26,11 +26,10 @@ def _repeated():
 
 
 def test_bucket_length_ladder():
-  got = {n: bucket_length(n) for n in (1, 16, 17, 33, 47, 49, 64, 65, 100, 129, 257)}
-  assert got == {1: 16, 16: 16, 17: 32, 33: 48, 47: 48, 49: 64, 64: 64, 65: 80, 100: 112} | {
-    129: 160,
-    257: 320,
-  }
+  """Multiples of 16 up to 64, then of a quarter of the power of two below the length."""
+  lengths = (1, 16, 17, 33, 47, 49, 64, 65, 100, 129, 257)
+  want = (16, 16, 32, 48, 48, 64, 64, 80, 112, 160, 320)
+  assert tuple(bucket_length(n) for n in lengths) == want
   assert bucket_length(47, 32) == 64 and bucket_length(5, 1) == 5
   assert pad_prompts([[1] * 47], pad_id=0)[0].shape == (1, 48)
 
