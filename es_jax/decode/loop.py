@@ -112,6 +112,8 @@ def decode(
   step reads the whole cache for every row until the longest row ends). `row_groups` (plain
   mode): rows are compacted within contiguous groups of B / row_groups rows, e.g. one per
   device the batch is sharded over, so that compaction moves no row between devices.
+  `decoding.prefill_rows` (plain mode): the prompts' runs of equal rows are prefilled once each
+  (`prompt_runs`) and their cache rows and logits copied to the runs' rows.
   """
   max_new_tokens, pad_id = decoding.max_new_tokens, decoding.pad_id
   # One cast before the loop, not one per step.
@@ -128,10 +130,17 @@ def decode(
     axes = treedef.unflatten(leaves)
   model = _model_call(config, M if member_mode else None, chunk)
   members = M if member_mode else None
-  prompts = (prompt_ids, prompt_mask)
+  shared = decoding.prefill_rows is not None and decoding.prefill_rows < B and not member_mode
+  if shared:  # each run of equal prompt rows prefilled once, then copied to its rows
+    first, run = prompt_runs(prompt_ids, prompt_mask, decoding.prefill_rows)
+    prompts = (prompt_ids[first], prompt_mask[first])
+  else:
+    prompts = (prompt_ids, prompt_mask)
   logits, (weights, axes), cache = _prefill(
     model, (weights, axes), *prompts, config, members, slots, decoding.unroll_layers
   )
+  if shared:
+    logits, cache = logits[run], take_rows(cache, run)
   sample = functools.partial(_pick, key=key, rows=P, member_mode=member_mode, decoding=decoding)
   eos = jnp.asarray(decoding.eos_ids or (-1,), jnp.int32)
   emit = functools.partial(_emit, pick=sample, eos=eos, pad_id=pad_id, rows=P)
@@ -213,6 +222,18 @@ def _prefill(model, weights, prompt_ids, prompt_mask, config, members, slots, un
     params, deltas = jax.lax.optimization_barrier((params, deltas))
     cache = unstacked(cache)
   return logits, (Member(params, deltas, scale), axes), cache
+
+
+def prompt_runs(prompt_ids, prompt_mask, runs: int):
+  """(first row of each run [runs], run of each row [B]) of the runs of adjacent equal rows of
+  prompts [B, S] (equal ids and mask); unused runs point at row 0. At most `runs` runs (static):
+  rows past them are read as the last run's (the caller checks the count where it can)."""
+  same = jnp.all(prompt_ids[1:] == prompt_ids[:-1], axis=1)
+  same &= jnp.all(prompt_mask[1:] == prompt_mask[:-1], axis=1)
+  start = jnp.concatenate([jnp.ones((1,), bool), ~same])  # [B]
+  run = jnp.minimum(jnp.cumsum(start) - 1, runs - 1)
+  (first,) = jnp.nonzero(start, size=runs, fill_value=0)
+  return first, run
 
 
 def row_uniform(key, t):

@@ -2,7 +2,9 @@
 
 One compile per (batch, prompt length, max_new_tokens, eos set, top-p on/off, greedy): temperature
 and top-p values are traced, so sweeping them does not recompile; `pad_prompts` buckets prompt
-lengths so new batches reuse compiled code. `generate` works under `jax.vmap` over a leading
+lengths (`bucket_length`) so new batches reuse compiled code, and `Decoding.prefill_rows`
+prefills each of a batch's distinct prompts once (an evaluation's n samples or a GRPO rollout's
+G completions of one prompt share its prefill). `generate` works under `jax.vmap` over a leading
 params (or low-rank delta) axis and with the prompt batch sharded over devices (jit follows the
 input sharding). `generate_members` is the faster form of that vmap for many models on the same
 prompts (an ES population's members): one decode loop over all members' rows, with only the model
@@ -64,6 +66,10 @@ class Decoding:
       where the decode runs (`default_unroll_layers`, on for CPUs); static.
     refill_rows: `decode_queue.generate_queue`'s R, items prefilled together once R rows are
       free (None: a quarter of the rows); static.
+    prefill_rows: at most this many distinct prompts among `generate`'s rows: a run of
+      adjacent rows with equal prompts (an evaluation's n samples of a problem, a GRPO
+      rollout's G completions) is prefilled once and its KV cache and last logits copied to
+      its rows (None: every row is prefilled); static. See `generate`.
   """
 
   max_new_tokens: int
@@ -75,6 +81,7 @@ class Decoding:
   compactions: int = COMPACTIONS
   unroll_layers: bool | None = None
   refill_rows: int | None = None
+  prefill_rows: int | None = None
 
   def __post_init__(self):
     def put(name, value):
@@ -94,10 +101,11 @@ class Decoding:
       put(name, value)
     if self.unroll_layers is not None:
       put("unroll_layers", bool(self.unroll_layers))
-    if self.refill_rows is not None:
-      refill = self.refill_rows
-      refill = int(refill) if isinstance(refill, np.integer) else refill
-      put("refill_rows", _checks.positive_int(refill, "Decoding.refill_rows"))
+    for name in ("refill_rows", "prefill_rows"):
+      rows = getattr(self, name)
+      if rows is not None:
+        rows = int(rows) if isinstance(rows, np.integer) else rows
+        put(name, _checks.positive_int(rows, f"Decoding.{name}"))
     t = None if self.temperature is None else _checks.concrete_float(self.temperature)
     if t is not None:  # traced values are checked by whoever traced them
       if not (math.isfinite(t) and t >= 0):
@@ -132,7 +140,7 @@ class Decoding:
 
   def tree_flatten(self):
     static = (self.max_new_tokens, self.eos_ids, self.pad_id, self.kv_chunk, self.compactions)
-    static += (self.unroll_layers, self.refill_rows)
+    static += (self.unroll_layers, self.refill_rows, self.prefill_rows)
     return (self.temperature, self.top_p), static
 
   @classmethod
@@ -140,24 +148,39 @@ class Decoding:
     # No validation: leaves may be tracers, shardings or in_axes markers here.
     out = object.__new__(cls)
     names = ("max_new_tokens", "eos_ids", "pad_id", "kv_chunk", "compactions")
-    names += ("unroll_layers", "refill_rows", "temperature", "top_p")
+    names += ("unroll_layers", "refill_rows", "prefill_rows", "temperature", "top_p")
     for name, value in zip(names, (*static, *leaves), strict=True):
       object.__setattr__(out, name, value)
     return out
 
 
+def bucket_length(length: int, bucket: int | None = None) -> int:
+  """`length` rounded up to a prompt-length bucket: a multiple of `bucket`, or with None one of
+  16, 32, 48, 64, 80, 96, 112, 128, 160, 192, ... (multiples of a quarter of the power of two
+  below `length`, at least 16): at most 25% padding past 64 tokens, and four compiled shapes per
+  doubling of the length however widely prompts vary."""
+  length = max(int(length), 1)
+  if bucket is None:
+    bucket = max(16, (1 << (length - 1).bit_length()) // 8)
+  return -(-length // bucket) * bucket
+
+
 def pad_prompts(
-  prompts: Sequence[Sequence[int]], *, pad_id: int, bucket: int = 32, min_length: int = 0
+  prompts: Sequence[Sequence[int]],
+  *,
+  pad_id: int,
+  bucket: int | None = None,
+  min_length: int = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
-  """Left-pads token lists to a common length rounded up to a multiple of `bucket`.
+  """Left-pads token lists to a common length rounded up by `bucket_length` (a multiple of
+  `bucket`, or the default bucket ladder with None).
 
   Returns (ids [B, S] int32, mask [B, S] bool). Rounding keeps the number of distinct prompt
   shapes (hence compiles) small.
   """
   if not prompts:
     raise ValueError("pad_prompts: got no prompts.")
-  longest = max(max(len(p) for p in prompts), min_length, 1)
-  length = -(-longest // bucket) * bucket
+  length = bucket_length(max(max(len(p) for p in prompts), min_length, 1), bucket)
   ids = np.full((len(prompts), length), pad_id, np.int32)
   mask = np.zeros((len(prompts), length), bool)
   for i, p in enumerate(prompts):
@@ -172,7 +195,7 @@ def pad_id(tokenizer) -> int:
   return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0)
 
 
-def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int = 32):
+def encode_prompts(tokenizer, texts: Sequence[str], *, bucket: int | None = None):
   """Tokenises already-formatted prompt strings and left-pads them (see `pad_prompts`)."""
   ids = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
   return pad_prompts(ids, pad_id=pad_id(tokenizer), bucket=bucket)
@@ -232,7 +255,12 @@ def generate(
       batch until its longest row ends. Neither changes a row's draws; both change the float
       rounding of its logits, so a sampled token at a rounding boundary can differ from the
       static loop's (`es_jax.decode.loop`). A batch sharded over devices is compacted within
-      each device's rows.
+      each device's rows. `prefill_rows` U: the prompts are read as runs of adjacent equal
+      rows (equal ids and mask), at most U of them; each run's prompt is prefilled once, in a
+      batch of U rows, and its KV cache and last logits copied to the run's rows (U >= the
+      batch: every row prefilled). A row's draws are unchanged; its logits are rounded as in a
+      batch of U rows. More runs than U raise a ValueError (checked where the prompts are
+      concrete; traced prompts with more runs than U decode wrong rows).
     key: PRNG key; row draws at step t use fold_in(key, t). Or one typed key per row ([B]):
       row r then draws as a one-row batch with key[r] does (`decode_loop.row_uniform`), so its
       tokens follow from its key whatever the batch (as a work item's in `generate_queue`).
@@ -249,6 +277,7 @@ def generate(
     raise ValueError("generate: pass `config=` when giving a params dict instead of a model.")
   prompt_ids, prompt_mask = _checked_prompts("generate", prompt_ids, prompt_mask)
   _check_keys("generate", "key", key, (), (prompt_ids.shape[0],))
+  _check_prompt_runs("generate", prompt_ids, prompt_mask, decoding)
   return decode(
     axes_lib.Member(params_or_model, deltas, delta_scale),
     prompt_ids,
@@ -284,6 +313,30 @@ def _check_keys(caller: str, name: str, key, *shapes) -> None:
       f"{caller}: {name} must be a typed PRNG key (jax.random.key) of shape "
       f"{' or '.join(map(str, shapes))}, got {getattr(key, 'dtype', type(key))} "
       f"{getattr(key, 'shape', '')}."
+    )
+
+
+def prompt_runs(prompt_ids, prompt_mask) -> int:
+  """The number of runs of adjacent equal rows (equal ids and mask) in [B, S] prompts."""
+  ids, mask = np.asarray(prompt_ids), np.asarray(prompt_mask)
+  same = np.all(ids[1:] == ids[:-1], axis=1) & np.all(mask[1:] == mask[:-1], axis=1)
+  return int(len(ids) - np.sum(same))
+
+
+def _check_prompt_runs(caller: str, prompt_ids, prompt_mask, decoding) -> None:
+  """ValueError naming `caller` when concrete prompts hold more runs of equal rows than
+  `decoding.prefill_rows` (`generate`'s shared prefill)."""
+  rows = getattr(decoding, "prefill_rows", None)
+  if rows is None or rows >= prompt_ids.shape[0]:
+    return
+  if isinstance(prompt_ids, jax.core.Tracer) or isinstance(prompt_mask, jax.core.Tracer):
+    return
+  runs = prompt_runs(prompt_ids, prompt_mask)
+  if runs > rows:
+    raise ValueError(
+      f"{caller}: the {prompt_ids.shape[0]} prompt rows hold {runs} runs of equal adjacent "
+      f"rows, more than Decoding.prefill_rows={rows}: raise prefill_rows, or put the rows of "
+      "each prompt next to each other."
     )
 
 

@@ -102,7 +102,7 @@ def rollout(
     cast_params(params, config.jnp_dtype),  # float32 masters sample in the compute dtype
     ids,
     ids_mask,
-    decoding,
+    decoding.replace(prefill_rows=prompt_ids.shape[0]),  # each prompt prefilled once, not G times
     key=key,
     config=config,
   )

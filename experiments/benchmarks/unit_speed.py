@@ -3,6 +3,7 @@ seconds per 256 completions, today's defaults against the old decode layout and 
 
     python -m experiments.benchmarks.unit_speed [--problems 34] [--es_steps 2]
         [--layouts default,old] [--es_layouts default] [--skip eval|es] [--set key=value ...]
+        [--baseline_tree DIR]
 
 The work is study v1's (docs/results/fair_study.md): SmolLM2-135M-Instruct on reasoning-gym
 basic_arithmetic with two one-digit terms, 32 new tokens; the evaluation draws n = 16 samples at
@@ -15,6 +16,8 @@ its own process with the persistent compilation cache off, through the code the 
 * ``old``: the static layout before issue 37 (``decode.kv_chunk=0``, ``decode.compactions=0``,
   ``eval.refill=False``).
 * ``refill``, ``static``: the defaults with the evaluation's refill queue on, or off.
+* ``before`` (``--baseline_tree DIR``): the default layout run from another source tree, e.g.
+  ``git worktree add /tmp/before <commit>``: code before and after a change in one run.
 
 ES steps are timed for ``--es_layouts`` only (default: ``default``): at 32 new tokens a
 ``kv_chunk`` of 128 already covers the whole cache, so both layouts run the dense step there
@@ -106,14 +109,18 @@ def child(args) -> dict:
   return out
 
 
-def run_child(layout: str, args) -> dict:
-  """Runs ``--_child layout`` in a fresh interpreter (compile cache off) and returns its figures."""
+def run_child(layout: str, args, tree: str | None = None) -> dict:
+  """Runs ``--_child layout`` in a fresh interpreter (compile cache off), from the source tree
+  `tree` (None: this one; else the run labelled "before") and returns its figures."""
   flags = [f"--problems={args.problems}", f"--es_steps={args.es_steps}", f"--skip={args.skip}"]
-  flags.append(f"--es_layouts={args.es_layouts}")
+  es_layouts = args.es_layouts.split(",")
+  if tree is not None:  # the baseline tree's run times its ES steps if "before" is listed
+    es_layouts = [layout] if "before" in es_layouts else []
+  flags.append(f"--es_layouts={','.join(es_layouts)}")
   flags += [f"--set={item}" for item in args.set]
   cmd = [sys.executable, "-m", "experiments.benchmarks.unit_speed", f"--_child={layout}", *flags]
   env = {**os.environ, "ES_JAX_COMPILE_CACHE": ""}
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, cwd=tree)
   lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(_MARKER)]
   if proc.returncode != 0 or not lines:
     sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
@@ -143,10 +150,10 @@ def report(results: dict[str, dict]) -> None:
         f"  ES: steps {shown}: {per_es[name]:.1f} s per 256 completions; "
         f"v1 {V1_ES_SECONDS_PER_256:.0f}: {V1_ES_SECONDS_PER_256 / per_es[name]:.2f}x faster"
       )
-  if "default" in results and "old" in results:
+  for base in ("old", "before"):
     for label, table in (("evaluation", per_eval), ("ES", per_es)):
-      if "default" in table and "old" in table:
-        print(f"{label}: old layout / default = {table['old'] / table['default']:.2f}x")
+      if "default" in table and base in table:
+        print(f"{label}: {base} / default = {table[base] / table['default']:.2f}x")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -166,6 +173,12 @@ def parse(argv=None) -> argparse.Namespace:
     "kv_chunk >= T compiles the dense step)",
   )
   parser.add_argument("--skip", default="", help="'eval' and/or 'es', comma-separated")
+  parser.add_argument(
+    "--baseline_tree",
+    default="",
+    help="also run the default layout from this source tree (e.g. a `git worktree` of an "
+    "earlier commit), reported as 'before' (list 'before' in --es_layouts to time its ES steps)",
+  )
   parser.add_argument("--set", action="append", default=[], help="config override key=value")
   parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -185,11 +198,14 @@ def main(argv=None):
     f"study v1 shapes: {args.problems} problems x n = 16 (T = 0.6) + greedy, {args.es_steps} ES "
     f"steps of 16 x 16 greedy; one fresh process per layout; load {os.getloadavg()[0]:.1f}"
   )
+  runs = [(name, name, None) for name in layouts]
+  if args.baseline_tree:
+    runs.append(("before", "default", os.path.abspath(args.baseline_tree)))
   results = {}
-  for name in layouts:
+  for label, layout, tree in runs:
     t0 = time.perf_counter()
-    results[name] = run_child(name, args)
-    print(f"  {name} done in {time.perf_counter() - t0:.1f}s", flush=True)
+    results[label] = run_child(layout, args, tree)
+    print(f"  {label} done in {time.perf_counter() - t0:.1f}s", flush=True)
   report(results)
 
 

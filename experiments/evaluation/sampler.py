@@ -8,7 +8,9 @@ the number of prompt-length buckets. Sampled batch j of block b draws with key
 fold_in(block_key, j), block_key = fold_in(task_key, b): each sample is a fixed function of
 (task key, problem index, sample index, batch_size), whatever ran before. A batch holding only
 finished problems is skipped; any other batch is recomputed whole, with the same rows and key, so
-a resumed evaluation draws exactly the samples of an uninterrupted one.
+a resumed evaluation draws exactly the samples of an uninterrupted one. A sampled batch prefills
+each of its problems' prompts once (`Decoding.prefill_rows`: `problems_per_batch` rows), not once
+per sample.
 
 With `refill` on, a block's samples are one queue instead (`es_jax.decode.queue.generate_queue`:
 the block's P·n sample rows through `batch_size` rows, a row refilled with the next waiting sample
@@ -45,6 +47,14 @@ def _resolve(params, config):
 
 def _answer(value) -> str | None:
   return None if value is None else value if isinstance(value, str) else str(value)
+
+
+def problems_per_batch(batch_size: int, n: int) -> int:
+  """The most problems a sampled batch of `batch_size` problem-major rows (n per problem) holds:
+  its rows' prompts are prefilled once per problem (`Decoding.prefill_rows`), the same count for
+  every batch so that all compile one program."""
+  starts = {j * batch_size % n for j in range(n)}  # a batch's first row within its problem
+  return min(batch_size, max((s + batch_size - 1) // n + 1 for s in starts))
 
 
 class BlockScorer:
@@ -130,13 +140,14 @@ class BlockScorer:
     """Yields (live rows, problem of each row, generate's output) per sampled batch that holds
     an unfinished problem's sample."""
     num_rows, last = ids.shape[0] * self.n, ids.shape[0] - 1
+    shared = self.decoding.replace(prefill_rows=problems_per_batch(self.batch_size, self.n))
     for j in range(-(-num_rows // self.batch_size)):
       row_ids = np.arange(j * self.batch_size, (j + 1) * self.batch_size)
       problem = np.minimum(row_ids // self.n, last)  # [B] padding rows repeat the last problem
       live = [r for r in range(self.batch_size) if row_ids[r] < num_rows and problem[r] in acc]
       if live:
         key = jax.random.fold_in(block_key, j)
-        yield live, problem, self._generate(ids[problem], mask[problem], key, self.decoding)
+        yield live, problem, self._generate(ids[problem], mask[problem], key, shared)
 
   def _queue(self, ids, mask, acc, block_key):
     """The block's samples as one queue (module docstring): yields (live rows, problem of
