@@ -1,5 +1,6 @@
 """The fair study's pieces: the σ calibration rule, the null-walk drift prediction against a
-simulated z-scored ES walk, and the study end to end on the `:smoke` config."""
+simulated z-scored ES walk, and the study end to end on the `:smoke` config (stopped by SIGTERM
+in its calibration, then run to the end)."""
 
 import json
 import os
@@ -77,15 +78,56 @@ def test_training_signal_pairs_es_and_the_control_step_by_step(tmp_path):
   assert study_signal.signal_section(str(tmp_path), ["es"]) == []
 
 
-@pytest.mark.slow
-def test_fair_study_smoke_end_to_end(tmp_path):
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+  """The study on the `:smoke` config, stopped by SIGTERM in its calibration after the first σ
+  and run again to the end: its workdir, config, the σ measured by each run, the rows the stopped
+  calibration kept, and the two runs' results."""
+  tmp_path = tmp_path_factory.mktemp("fair_study")
   config = smoke_config(
     fair_config,
     fair__alpha_ratios=(0.5, 1.0),
     fair__grpo_lrs=(1e-5,),
     fair__pilot_steps=1,
   )
-  result = fair_study.run(config, str(tmp_path))
+  measured = []
+  real = calibration.measure_sigma
+
+  def counting(*args, **kwargs):
+    row = real(*args, **kwargs)
+    measured.append(row["sigma"])
+    return row
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(calibration, "measure_sigma", counting)
+    calls = iter([False, True])  # SIGTERM arrives after the first σ
+    patch.setattr(calibration.preemption, "preempted", lambda: next(calls, True))
+    stopped = fair_study.run(config, str(tmp_path))
+    stopped["pilots_chosen"] = (tmp_path / "pilots" / "choice.json").exists()
+    first = list(measured)
+    partial = tmp_path / "calibration" / "calibration" / "rows.partial.json"
+    partial = json.load(open(partial))["rows"]
+    patch.setattr(calibration.preemption, "preempted", lambda: False)
+    result = fair_study.run(config, str(tmp_path))
+  return tmp_path, config, (first, measured), partial, (stopped, result)
+
+
+@pytest.mark.slow
+def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(study):
+  tmp_path, config, (first, measured), partial, (stopped, _) = study
+  assert stopped == {"stopped": True, "pilots_chosen": False}  # stopped in its first stage
+  assert first == [config.diversity.sigmas[0]]
+  assert measured == list(config.diversity.sigmas)  # the rerun measured only the missing σ
+  table = json.load(open(tmp_path / "calibration" / "calibration" / "table.json"))
+  row = table["rows"][0]  # the measured part kept; survival (cheap) recomputed on every run
+  assert {k: row[k] for k in partial[0]} == partial[0] and "survives_bf16" in row
+  choice = json.load(open(tmp_path / "pilots" / "choice.json"))
+  assert choice["sigma"] == table["recommended_sigma"]
+
+
+@pytest.mark.slow
+def test_fair_study_smoke_end_to_end(study):
+  tmp_path, config, _, _, (_, result) = study
   assert result["stopped"] is False
   cal = json.load(open(tmp_path / "calibration" / "calibration" / "table.json"))
   assert [r["sigma"] for r in cal["rows"]] == list(config.diversity.sigmas)
@@ -135,33 +177,6 @@ def test_fair_study_smoke_end_to_end(tmp_path):
   }
   assert fair_study.run(config, str(tmp_path))["stopped"] is False
   assert {p: os.path.getmtime(p) for p in kept} == kept
-
-
-@pytest.mark.slow
-def test_calibration_stops_on_sigterm_and_resumes_the_missing_sigmas(tmp_path, monkeypatch):
-  config = smoke_config(fair_config, method="calibrate")
-  measured = []
-  real = calibration.measure_sigma
-
-  def counting(*args, **kwargs):
-    row = real(*args, **kwargs)
-    measured.append(row["sigma"])
-    return row
-
-  monkeypatch.setattr(calibration, "measure_sigma", counting)
-  calls = iter([False, True])  # SIGTERM arrives after the first σ
-  monkeypatch.setattr(calibration.preemption, "preempted", lambda: next(calls, True))
-  assert calibration.run(config, str(tmp_path)) == {"stopped": True}
-  first = config.diversity.sigmas[0]
-  assert measured == [first]
-  partial = json.load(open(tmp_path / "calibration" / "rows.partial.json"))["rows"]
-  monkeypatch.setattr(calibration.preemption, "preempted", lambda: False)
-  result = calibration.run(config, str(tmp_path))
-  assert measured == list(config.diversity.sigmas)  # the rerun measured only the missing σ
-  table = json.load(open(tmp_path / "calibration" / "table.json"))
-  row = table["rows"][0]  # the measured part kept; survival (cheap) recomputed on every run
-  assert {k: row[k] for k in partial[0]} == partial[0] and "survives_bf16" in row
-  assert result["recommended_sigma"] == table["recommended_sigma"]
 
 
 def test_survival_is_the_cosine_of_the_rounded_change_with_the_perturbation(key):

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from run_configs import cli_env
 
 import es_jax
 
@@ -37,7 +38,9 @@ def test_readme_python_example_runs_and_improves():
     capture_output=True,
     text=True,
     timeout=600,
-    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    # The one subprocess test compiling at XLA's default optimisation level, as a user's program
+    # does (the others compile at the test process's level: tests/run_configs.py's cli_env).
+    env=cli_env(default_level=True),
   )
   assert out.returncode == 0, out.stderr[-2000:]
   before, after = _fitness_line(out.stdout)

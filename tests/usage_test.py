@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from run_configs import checkpoint_params, named_leaves
+from run_configs import checkpoint_params, cli_env, named_leaves
 from tiny_models import tiny_tokenizer, torch_model
 
 from es_jax import models
@@ -75,14 +75,11 @@ def test_usage_worked_example_runs_es_grpo_and_demo(tmp_path):
     "--config.method=grpo",
     "--config.method=demo",
   ]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-  env.pop("XLA_FLAGS", None)
-  env["PYTHONPATH"] = ROOT
   # One persistent XLA cache for the three commands (the test session's, when it has one): the
   # demo's ES and GRPO runs reuse the programs the first two compiled. It holds executables the
   # runs would compile anyway (experiments.infra.compile_cache).
   cache = os.environ.get("ES_JAX_COMPILE_CACHE") or str(tmp_path / "jax_compile_cache")
-  env["ES_JAX_COMPILE_CACHE"] = cache
+  env = cli_env(PYTHONPATH=ROOT, ES_JAX_COMPILE_CACHE=cache)
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")
   workdirs = []
   for command in commands:
@@ -136,9 +133,7 @@ def test_cpu_variant_trains_with_the_naming_overrides(tmp_path):
   rows = [{"question": f"What is {a} + 1?", "answer": str(a + 1)} for a in range(2, 10)]
   (tmp_path / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   (tmp_path / "parity.py").write_text(PARITY)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-  env.pop("XLA_FLAGS", None)
-  env["PYTHONPATH"] = ROOT
+  env = cli_env(PYTHONPATH=ROOT)  # the session's compilation cache and XLA level
   config = os.path.join(ROOT, "experiments", "configs", "custom.py")
   base, _ = model_io.load_model({"source": "hf", "path": str(model_dir)})
   base = named_leaves(models.params(base))

@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from run_configs import with_fields
+from run_configs import cli_env, with_fields
 
 from es_jax import rewards
 from es_jax.rewards import RewardError
@@ -195,9 +195,7 @@ TINY = [
 
 
 def _main(files, workdir, reward, *extra):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
-  env.pop("ES_JAX_TRACEBACK", None)
+  env = cli_env(PYTHONPATH=ROOT)  # the session's compilation cache and XLA level
   command = [
     sys.executable,
     "-m",
