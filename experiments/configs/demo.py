@@ -6,7 +6,7 @@
 Hardware: any CPU (2 cores are enough); no accelerator or network.
 Default variant: the README's demo (`method="demo"`): evaluates the base model, runs ES, GRPO,
 GRPO→ES and ES→GRPO with a small budget (6 steps each, 2 + 2 sequential), evaluates each and
-writes report.md; 1,268 s of CPU time, 29 min on a loaded 2-core CPU (docs/benchmarks.md).
+writes report.md; 941 s of CPU time, 10.2 min on a loaded 2-core CPU (docs/benchmarks.md).
 Use --config.method=es|grpo|sequential for one method.
 Expected result: SmolLM2 solves part of the two-term one-digit sums (greedy ≈ 0.25-0.5 on 32 test
 problems), so ES and GRPO have a reward signal to improve on; with this small budget the changes
@@ -42,7 +42,7 @@ def get_config(variant: str | None = None):
   # ES (the paper's; --config.es.rank=0) measured ~55 s per step here against ~10 s, mostly
   # drawing 135M normals per member twice. A small population; σ, α as Qiu et al. (1e-3, 5e-4).
   # GRPO: lr 1e-5 (10x the paper's 1e-6, for a budget of 6 steps), no KL (β = 0). Budgets of
-  # 6 steps (2 + 2 sequential) keep `make demo` near 15 minutes on 2 cores (docs/benchmarks.md).
+  # 6 steps (2 + 2 sequential) keep `make demo` within 15 minutes on 2 cores (docs/benchmarks.md).
   c.es.update(
     num_steps=6,
     population_size=8,
