@@ -289,7 +289,9 @@ class Setup:
     lowered = es_run._apply.lower(state, fitness, _key(mesh), sizes, rule=rule)
     return lowered, None, n
 
-  def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p, dtype=None):
+  def _generate_lowered(self, mesh, rows, spec, length, T, temperature, top_p, **kw):
+    """`sampling.generate` lowered for `rows` prompts; `kw`: `dtype` of the params, and
+    `prefill_rows` (the distinct prompts prefilled once each, as the GRPO rollout does)."""
     cfg = self.model_config
     temperature = float(temperature)
 
@@ -299,13 +301,15 @@ class Setup:
       None if top_p >= 1.0 else float(top_p),
       eos_ids=(cfg.vocab_size - 1,),
       unroll_layers=sampling.default_unroll_layers(mesh),
+      prefill_rows=kw.get("prefill_rows"),
     )
 
     def run(params, ids, mask, key):
       return sampling.generate(params, ids, mask, decoding, key=key, config=cfg)
 
     ids, mask = self._prompts(mesh, rows, length, spec)
-    return jax.jit(run).lower(abstract_params(cfg, mesh, dtype=dtype), ids, mask, _key(mesh))
+    params = abstract_params(cfg, mesh, dtype=kw.get("dtype"))
+    return jax.jit(run).lower(params, ids, mask, _key(mesh))
 
   def _eval(self):
     ev = self.config.eval
@@ -325,11 +329,13 @@ class Setup:
     the jitted generate, so the rows arrive sharded. (Lowering rollout itself under one jit turns
     that device_put into a constraint that XLA does not carry to the KV cache: 50.6 GiB of
     temporaries per chip for the Easy config against 7.9 GiB with sharded inputs.) The params are
-    the GRPO state's master weights (grpo.master_dtype), cast once inside generate."""
+    the GRPO state's master weights (grpo.master_dtype), cast once inside generate; each of the
+    P prompts is prefilled once for its G rows (Decoding.prefill_rows), as the rollout does."""
     g = self.config.grpo
     rows, S, T = self._grpo_rows(), self.prompt_len, int(g.max_new_tokens)
+    kw = {"dtype": g.master_dtype or None, "prefill_rows": int(self.config.data.prompts_per_step)}
     gen = lambda S_, T_: self._generate_lowered(  # noqa: E731
-      self.mesh, rows, P("pop"), S_, T_, g.temperature, g.top_p, dtype=g.master_dtype or None
+      self.mesh, rows, P("pop"), S_, T_, g.temperature, g.top_p, **kw
     )
     return gen(S, T), lambda: gen(1, S + T - 1), T
 
