@@ -140,27 +140,27 @@ def pytest_report_header(config):
   return None
 
 
-# The quick tier's heaviest files, heaviest first (CPU seconds of their quick tests, measured in
-# docs/testing.md). `make test-fast` runs files in collection order (--no-loadscope-reorder) and
-# hands one file at a time to each worker: starting with the longest files and ending with the
-# short ones leaves neither worker idle for long at the end. The order changes no result.
+# The quick tier's heaviest files, heaviest first (their test-seconds in the run docs/testing.md
+# records). `make test-fast` runs files in collection order (--no-loadscope-reorder) and hands
+# one file at a time to each worker: starting with the longest files and ending with the short
+# ones leaves neither worker idle for long at the end. The order changes no result.
 HEAVY_FILES = (
-  "runners_test.py",
-  "sharding_test.py",
-  "sampling_test.py",
   "user_reward_test.py",
-  "population_test.py",
-  "grpo_update_test.py",
+  "sampling_test.py",
+  "sharding_test.py",
+  "runners_test.py",
   "reference_arithmetic_test.py",
+  "population_test.py",
   "decode_loop_test.py",
+  "grpo_update_test.py",
+  "rewards_hostile_test.py",
   "models_test.py",
-  "eval_sampler_test.py",
   "tpu_plan_test.py",
+  "eval_sampler_test.py",
   "es_test.py",
-  "metrics_test.py",
-  "evaluate_test.py",
+  "checkpoint_test.py",
   "noise_test.py",
-  "attention_test.py",
+  "report_test.py",
 )
 
 

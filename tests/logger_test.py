@@ -18,6 +18,7 @@ import pytest
 import yaml
 from tensorboardX.proto import event_pb2
 
+from es_jax.devices import sharding
 from experiments.infra import logger as logger_lib
 from experiments.infra.logger import (
   METRICS_FILE,
@@ -275,6 +276,7 @@ def test_loop_logs_one_line_per_step_and_orbax_only_when_verbose(tmp_path, caplo
     config=config,
     workdir=str(tmp_path),
     base_params=None,
+    mesh=sharding.make_mesh(pop=1),  # the base params are placed for their evaluation
     model_config=None,
     evaluator=evaluator,
     data_sources={},

@@ -23,13 +23,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def cli_env(default_level: bool = False, **extra: str) -> dict[str, str]:
   """The environment of a `python -m experiments.main` subprocess: this process's, on the CPU and
-  offline, with `extra` set. It compiles at the test process's XLA optimisation level
-  (tests/conftest.py: cheaper compiles, the same results), loading what the session compiled from
+  offline, with `extra` set. It compiles with the test process's cheap-compile XLA flags
+  (tests/conftest.py TEST_XLA_FLAGS: the same results), loading what the session compiled from
   the session's cache; the test process's other XLA flags stay behind. `default_level=True`: XLA's
-  default level, as a user's run compiles (one test keeps it: docs/testing.md)."""
+  default flags, as a user's run compiles (one test keeps it: docs/testing.md)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
   flags = [] if default_level else os.environ.get("XLA_FLAGS", "").split()
-  env["XLA_FLAGS"] = " ".join(f for f in flags if "optimization_level" in f)
+  keep = ("xla_backend_optimization_level", "xla_cpu_use_fusion_emitters")  # conftest's
+  env["XLA_FLAGS"] = " ".join(f for f in flags if any(k in f for k in keep))
   env.pop("ES_JAX_TRACEBACK", None)
   env.update(extra)
   return env
