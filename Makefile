@@ -33,7 +33,12 @@ $(BIN)/.tpu-installed: $(BIN)/.installed
 PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Every test, once: lint, the quick tier (a broken inner loop fails in minutes), then the rest.
-test: lint test-fast test-slow
+# Both tiers share one compilation cache (tests/conftest.py), so the slow tier loads the programs
+# the quick tier compiled; it is removed at the end.
+test: lint
+	@cache=$$(mktemp -d -t es_jax_test_cache.XXXXXX); trap 'rm -rf "$$cache"' EXIT; \
+	  ES_JAX_TEST_COMPILE_CACHE=$$cache $(MAKE) --no-print-directory test-fast && \
+	  ES_JAX_TEST_COMPILE_CACHE=$$cache $(MAKE) --no-print-directory test-slow
 
 # The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
 # one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest. While working,
