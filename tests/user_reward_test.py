@@ -17,7 +17,7 @@ from es_jax.rewards import RewardError
 from experiments.configs import custom
 from experiments.evaluation import evaluate
 from experiments.infra.logger import read_metrics
-from experiments.runners import run_data
+from experiments.runners import run_context, run_data
 from experiments.schema.check import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,28 +223,53 @@ def _error_line(out) -> str:
   return errors[0]
 
 
-@pytest.mark.parametrize(
-  "reward, said",
-  [
-    ("hostile.py:text", "returned '1.0' (str)"),
-    ("hostile.py:none", "returned None"),
-    ("hostile.py:nan", "returned nan"),
-    ("hostile.py:inf", "returned inf"),
-    ("hostile.py:a_list", "returned [1.0] (list)"),
-    ("hostile.py:boom", "raised ZeroDivisionError"),
-    ("hostile.py:exits", "raised SystemExit: 0"),
-    ("hostile.py:hard_exit", "exit status 0 instead of answering"),
-    ("hostile.py:forever", "time limit of 1 s"),
-    ("exit_at_import.py:score", "SystemExit: 0"),
-    ("hard_exit_at_import.py:score", "exit status 0 instead of answering"),
-  ],
-)
+REFUSALS = [
+  ("hostile.py:text", "returned '1.0' (str)"),
+  ("hostile.py:none", "returned None"),
+  ("hostile.py:nan", "returned nan"),
+  ("hostile.py:inf", "returned inf"),
+  ("hostile.py:a_list", "returned [1.0] (list)"),
+  ("hostile.py:boom", "raised ZeroDivisionError"),
+  ("hostile.py:exits", "raised SystemExit: 0"),
+  ("hostile.py:hard_exit", "exit status 0 instead of answering"),
+  ("hostile.py:forever", "time limit of 1 s"),
+  ("exit_at_import.py:score", "SystemExit: 0"),
+  ("hard_exit_at_import.py:score", "exit status 0 instead of answering"),
+]
+
+
+@pytest.mark.parametrize("reward, said", REFUSALS)
+def test_hostile_rewards_fail_the_checks_made_before_the_model_loads(
+  files, monkeypatch, reward, said
+):
+  """run_context.cheap_checks, what a run calls before loading its model, in this process (the
+  reward runs in its own worker); the command line's exit status and one line: the test below."""
+  monkeypatch.chdir(files)
+  config = with_fields(
+    custom.get_config("smoke"),
+    data__path="train.jsonl",
+    eval__path="test.jsonl",
+    data__reward=reward,
+    data__reward_timeout=1.0,
+    progress=False,
+  )
+  with pytest.raises(ConfigError) as raised:
+    run_context.cheap_checks(config, run_data.run_keys(0))
+  line = str(raised.value)
+  assert line.startswith("config.data.reward: ") and "\n" not in line
+  assert said in line and f"reward '{reward}'" in line
+  if "import" not in reward:
+    assert "example 'train.jsonl:1'" in line
+
+
+# Through the command line: a missed deadline (main adds the field that sets it) and a worker
+# that ends at import.
+@pytest.mark.parametrize("reward, said", [REFUSALS[8], REFUSALS[-1]])
 def test_hostile_rewards_end_the_run_non_zero_before_the_model_loads(files, tmp_path, reward, said):
   out = _main(files, tmp_path / "run", reward, "--config.data.reward_timeout=1")
   line = _error_line(out)
   assert out.returncode == 2 and said in line and f"reward '{reward}'" in line
-  if "import" not in reward:
-    assert "example 'train.jsonl:1'" in line
+  assert line.startswith("error: config.data.reward: ")
   assert "loaded in" not in out.stderr  # no model was loaded (the cheap checks come first)
   if reward == "hostile.py:forever":
     assert "--config.data.reward_timeout sets the limit" in line

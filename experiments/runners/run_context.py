@@ -90,6 +90,23 @@ def check_memory(
   )
 
 
+def cheap_checks(config: ml_collections.ConfigDict, keys: dict) -> tuple[list, Any, Any]:
+  """What a run checks before its model loads, so that a mistake there is reported in seconds:
+  the data and evaluation files and their fields, the reward's import and one call on the first
+  training example (`run_data.load_reward`), evaluation problems disjoint from the training pool
+  (experiments.evaluation.data). Returns the training pool, the reward and the `Evaluator` (no
+  tokenizer yet).
+
+  Raises:
+    ConfigError: one line naming the field, file or example and what to do.
+  """
+  section = {**config.data.to_dict(), "progress": bool(config.progress)}
+  examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
+  reward = run_data.load_reward(config.data, run_data.reward_name(config.data), examples)
+  eval_tasks = eval_data.load_eval_tasks(config, eval_data.training_set(config, examples))
+  return examples, reward, evaluate.Evaluator(config, None, keys, eval_tasks)
+
+
 def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
   """Loads the model, tokenizer, training pool and evaluation set that `config` names; the data
   and evaluation files, their fields and the reward (`run_data.load_reward`) are checked first,
@@ -111,15 +128,8 @@ def make_context(config: ml_collections.ConfigDict, workdir: str) -> Context:
       f"must be divisible by the mesh's pop axis ({pop} devices, config.mesh.pop) x "
       f"es.members_per_chunk={chunk} = {pop * chunk}: change one of them",
     )
-  # The cheap checks first (data and evaluation files, their fields, the reward's import and one
-  # call, evaluation problems disjoint from the training pool: experiments.evaluation.data), so that
-  # a mistake there is reported in seconds, not after the model has loaded.
   keys = run_data.run_keys(config.seed)
-  section = {**config.data.to_dict(), "progress": bool(config.progress)}
-  examples = run_data.load_examples(section, "data", options=run_data.file_options(config.data))
-  reward = run_data.load_reward(config.data, run_data.reward_name(config.data), examples)
-  eval_tasks = eval_data.load_eval_tasks(config, eval_data.training_set(config, examples))
-  evaluator = evaluate.Evaluator(config, None, keys, eval_tasks)
+  examples, reward, evaluator = cheap_checks(config, keys)
   t0 = time.perf_counter()
   with config_check.user_errors("config.model"):
     model, tokenizer = model_io.load_model(config.model, seed=config.seed)
