@@ -105,5 +105,6 @@ def get_config(variant: str | None = None):
     # One value per grid: its winner is at both edges, so each grid is extended once.
     c.fair.update(alpha_ratios=(1.0,), grpo_lrs=(1e-5,), pilot_steps=1, extensions=1)
     c.fair.extend_steps = 3
+    c.eval.every = 0  # as the study itself: each arm evaluated once, at its end
   c.lock()
   return c
