@@ -55,12 +55,15 @@ def test_network_blocked():
   server.close()
 
 
-def _sandbox_processes():
+def _sandbox_processes(marker: bytes = b""):
+  """Host pids of sandbox judges and their forks whose command line holds `marker` (another test
+  worker may be running sandboxes of its own at the same time)."""
   found = []
   for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
       with open(f"/proc/{pid}/cmdline", "rb") as f:
-        if b"_sandbox_judge.py" in f.read():
+        line = f.read()
+        if b"_sandbox_judge.py" in line and marker in line:
           found.append(pid)
     except OSError:
       pass
@@ -74,13 +77,16 @@ def test_forked_setsid_child_cannot_outlive_the_deadline():
     "  print('FORK BLOCKED', e, flush=True)\n  child = 1\n"
     "if child == 0:\n  posix.setsid()\n  time.sleep(30)\nwhile True:\n  pass\n"
   )
+  # This run's own deadline, which its judge's command line (and every fork of it) carries: the
+  # processes left afterwards are looked up by it, not confused with another worker's sandboxes.
+  timeout_s = 1.0 + (os.getpid() % 997 + 1) * 1e-6
   start = time.monotonic()
-  result = _run(program, "", timeout_s=1.0)
+  result = _run(program, "", timeout_s=timeout_s)
   assert result.status == "timeout" and time.monotonic() - start < 1.0 + SLACK_S
   assert "FORK BLOCKED" in result.output, result  # no fork as uid 65534 with RLIMIT_NPROC 0
   assert "pid 2" in result.output, result  # PID namespace: the judge is 1; all die with it
   time.sleep(0.2)
-  assert _sandbox_processes() == []
+  assert _sandbox_processes(repr(timeout_s).encode()) == []
 
 
 def test_writes_stay_in_a_bounded_private_tmp():
