@@ -30,7 +30,7 @@ $(BIN)/.tpu-installed: $(BIN)/.installed
 	$(BIN)/pip install -q -e '.[test,tpu]'
 	touch $@
 
-PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=15
 
 # Every test, once: lint, the quick tier (a broken inner loop fails in minutes), then the rest.
 # Both tiers share one compilation cache (tests/conftest.py), so the slow tier loads the programs
@@ -43,12 +43,13 @@ test: lint
 # The quick tier for the inner loop: tests not marked `slow` (every numerical reference test and
 # one ES and one GRPO smoke run are in it); no lint. `make test-slow` runs the rest. While working,
 # `ES_JAX_TEST_COMPILE_CACHE=DIR make test-fast` keeps the compiled programs for the next run.
-# Files in collection order (tests/conftest.py puts the heaviest first), not by test count.
+# Files in collection order (tests/conftest.py puts the heaviest first), not by test count; each
+# tier prints its 15 slowest tests.
 test-fast: $(BIN)/.tpu-installed
 	$(PYTEST) --no-loadscope-reorder -m "not slow"
 
 test-slow: $(BIN)/.tpu-installed
-	$(PYTEST) -m slow
+	$(PYTEST) --no-loadscope-reorder -m slow
 
 # The TPU compile tests alone.
 tpu-check: $(BIN)/.tpu-installed

@@ -164,7 +164,25 @@ HEAVY_FILES = (
 )
 
 
-def pytest_collection_modifyitems(items):
-  """Runs the files of `HEAVY_FILES` first, in that order; the rest keep their order."""
-  rank = {name: i for i, name in enumerate(HEAVY_FILES)}
+# The slow tier's heaviest files, heaviest first (its longest tests in the runs of docs/testing.md):
+# `make test-slow` hands them out first in the same way.
+SLOW_HEAVY_FILES = (
+  "runners_process_test.py",
+  "study_v2_test.py",
+  "runners_test.py",
+  "decode_queue_test.py",
+  "fair_study_test.py",
+  "benchmarks_test.py",
+  "usage_test.py",
+  "multihost_runs_test.py",
+  "multihost_test.py",
+  "evaluate_test.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  """Runs the files of `HEAVY_FILES` (`SLOW_HEAVY_FILES` for `-m slow`) first, in that order; the
+  rest keep their order."""
+  heavy = SLOW_HEAVY_FILES if config.getoption("markexpr", "") == "slow" else HEAVY_FILES
+  rank = {name: i for i, name in enumerate(heavy)}
   items.sort(key=lambda item: rank.get(item.path.name, len(rank)))

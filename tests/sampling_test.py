@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
-from tiny_models import es_jax_port, torch_model
+from tiny_models import es_jax_port, torch_model, transformers_greedy
 
 from es_jax.decode.loop import decode
 from es_jax.decode.queue import generate_queue
@@ -40,41 +40,21 @@ def _prompts():
   ids=["default", "static", "bucketed"],
 )
 def test_greedy_matches_transformers_generate(tiny, loop):
-  import torch
-
   ref, p, cfg = tiny
   ids, mask = _prompts()
   out = generate(p, ids, mask, Decoding(12, **loop), config=cfg, key=jax.random.key(0))
-  with torch.no_grad():
-    expected = ref.generate(
-      input_ids=torch.tensor(ids, dtype=torch.long),
-      attention_mask=torch.tensor(mask.astype(np.int64)),
-      max_new_tokens=12,
-      do_sample=False,
-      eos_token_id=None,
-      pad_token_id=0,
-    )[:, ids.shape[1] :].numpy()
+  expected = transformers_greedy(ref, ids, mask, 12)
   np.testing.assert_array_equal(np.asarray(out.tokens), expected)
   assert np.asarray(out.mask).all() and (np.asarray(out.lengths) == 12).all()
 
 
 def test_queue_greedy_matches_transformers_generate(tiny):
   """The queue decoder (3 prompts through 2 rows, refilled one at a time, bucketed reads)."""
-  import torch
-
   ref, p, cfg = tiny
   ids, mask = _prompts()
   decoding = Decoding(12, refill_rows=1, kv_chunk=4)
   out = generate_queue(p, ids, mask, decoding, config=cfg, key=jax.random.key(0), rows=2)
-  with torch.no_grad():
-    expected = ref.generate(
-      input_ids=torch.tensor(ids, dtype=torch.long),
-      attention_mask=torch.tensor(mask.astype(np.int64)),
-      max_new_tokens=12,
-      do_sample=False,
-      eos_token_id=None,
-      pad_token_id=0,
-    )[:, ids.shape[1] :].numpy()
+  expected = transformers_greedy(ref, ids, mask, 12)
   np.testing.assert_array_equal(np.asarray(out.tokens), expected)
 
 

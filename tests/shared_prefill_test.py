@@ -4,7 +4,7 @@ the prompt-length buckets (`sampling.bucket_length`)."""
 import jax
 import numpy as np
 import pytest
-from tiny_models import es_jax_port, torch_model
+from tiny_models import es_jax_port, torch_model, transformers_greedy
 
 from es_jax.decode import loop as decode_loop
 from es_jax.decode.sampling import Decoding, bucket_length, generate, pad_prompts, prompt_runs
@@ -65,20 +65,10 @@ def test_shared_prefill_gives_each_rows_own_tokens(tiny, temperature):
 
 
 def test_shared_prefill_greedy_matches_transformers(tiny):
-  import torch
-
   ref, p, cfg = tiny
   ids, mask = _repeated()
   out = generate(p, ids, mask, Decoding(12, prefill_rows=4), config=cfg, key=jax.random.key(0))
-  with torch.no_grad():
-    expected = ref.generate(
-      input_ids=torch.tensor(ids, dtype=torch.long),
-      attention_mask=torch.tensor(mask.astype(np.int64)),
-      max_new_tokens=12,
-      do_sample=False,
-      eos_token_id=None,
-      pad_token_id=0,
-    )[:, ids.shape[1] :].numpy()
+  expected = transformers_greedy(ref, ids, mask, 12)
   np.testing.assert_array_equal(np.asarray(out.tokens), expected)
 
 

@@ -174,3 +174,20 @@ def random_params(
     }
 
   return build(param_shapes(config))
+
+
+def transformers_greedy(ref, ids, mask, max_new_tokens: int) -> np.ndarray:
+  """The new tokens of transformers' greedy `generate` on left-padded prompts (no EOS, pad 0):
+  the reference the decoders' greedy tokens are compared with."""
+  import torch
+
+  with torch.no_grad():
+    out = ref.generate(
+      input_ids=torch.tensor(np.asarray(ids), dtype=torch.long),
+      attention_mask=torch.tensor(np.asarray(mask).astype(np.int64)),
+      max_new_tokens=max_new_tokens,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )
+  return out[:, np.asarray(ids).shape[1] :].numpy()

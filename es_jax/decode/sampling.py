@@ -331,6 +331,10 @@ def _check_prompt_runs(caller: str, prompt_ids, prompt_mask, decoding) -> None:
     return
   if isinstance(prompt_ids, jax.core.Tracer) or isinstance(prompt_mask, jax.core.Tracer):
     return
+  # Across processes no host holds every row (the GRPO rollout's rows repeat each prompt G times:
+  # it has at most P runs by construction); only rows this process can read are counted.
+  if not all(getattr(x, "is_fully_addressable", True) for x in (prompt_ids, prompt_mask)):
+    return
   runs = prompt_runs(prompt_ids, prompt_mask)
   if runs > rows:
     raise ValueError(
