@@ -63,14 +63,7 @@ def decoding(
   and the tokenizer's stop and pad tokens, laid out by `layout` (`run_data.decode_layout`); a bad
   field raises ConfigError prefixed ``config.es:``."""
   with config_check.user_errors("config.es"):
-    return sampling.Decoding(
-      int(cfg.max_new_tokens),
-      float(cfg.temperature),
-      float(cfg.top_p),
-      eos_ids,
-      pad_id,
-      **(layout or {}),
-    )
+    return run_data.section_decoding(cfg, eos_ids, pad_id, layout)
 
 
 def population_settings(cfg, spec, model_config, mesh) -> population.PopulationSettings:

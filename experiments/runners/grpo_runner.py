@@ -70,14 +70,7 @@ def decoding(
   top_p) and the tokenizer's stop and pad tokens, laid out by `layout`
   (`run_data.decode_layout`)."""
   with _grpo_fields("Decoding"):
-    return sampling.Decoding(
-      int(cfg.max_new_tokens),
-      float(cfg.temperature),
-      float(cfg.top_p),
-      eos_ids,
-      pad_id,
-      **(layout or {}),
-    )
+    return run_data.section_decoding(cfg, eos_ids, pad_id, layout)
 
 
 def update_settings(

@@ -169,6 +169,22 @@ def decode_layout(config: ml_collections.ConfigDict) -> dict[str, Any]:
   )
 
 
+def section_decoding(
+  section: ml_collections.ConfigDict, eos_ids: tuple[int, ...], pad_id: int, layout=None
+) -> sampling.Decoding:
+  """`sampling.Decoding` from a method's section (config.es or config.grpo: max_new_tokens,
+  temperature, top_p), the tokenizer's stop and pad tokens and `layout` (`decode_layout`); its
+  checks raise ValueError, which each runner names in its own section's terms."""
+  return sampling.Decoding(
+    int(section.max_new_tokens),
+    float(section.temperature),
+    float(section.top_p),
+    eos_ids,
+    pad_id,
+    **(layout or {}),
+  )
+
+
 def eos_ids(tokenizer) -> tuple[int, ...]:
   ids = {tokenizer.eos_token_id}
   return tuple(sorted(i for i in ids if i is not None))

@@ -89,14 +89,16 @@ def _calibration(config, sigmas: list[str]) -> list:
   return rows
 
 
-def _pilots(config, count: int, prefix: str = "pilots") -> list:
-  """`count` pilots of each method (fair.pilot_steps steps, training reward only)."""
+def _pilots(config, count: int | None, prefix: str = "pilots") -> list:
+  """`count` pilots of each method (None: one per value of its grid), each fair.pilot_steps
+  steps, training reward only."""
   f = config.fair
   rows = []
   for method, grid in (("es", f.alpha_ratios), ("grpo", f.grpo_lrs)):
     per = int(f.pilot_steps) * run_data.samples_per_step(config, method)
     tokens = int(config[method].max_new_tokens)
-    rows += [(f"{prefix}: {method} #{i + 1}", per, tokens) for i in range(count or len(grid))]
+    n = len(grid) if count is None else count
+    rows += [(f"{prefix}: {method} #{i + 1}", per, tokens) for i in range(n)]
   return rows
 
 
@@ -129,7 +131,7 @@ def _fair_study(config, final: list, base: list) -> list:
   if f.calibrate:  # the base model's greedy answers, then each σ of the grid
     rows = [("calibration: base model", int(d.limit), int(config.es.max_new_tokens))]
     rows += _calibration(config, [f"σ={s:g}" for s in d.sigmas])
-  rows += _pilots(config, 0)
+  rows += _pilots(config, None)
   rows += [("runs: base model evaluation", *final[0][1:])] if final else []
   if int(f.design) == 1:
     rows += _demo_rows(config, config.demo.runs, base, final, "runs: ")
@@ -152,7 +154,7 @@ def conditional(config: ml_collections.ConfigDict, eval_problems: int) -> list:
   extra = _calibration(config, grid) if f.calibrate else []
   if int(f.design) == 2:
     final, _ = _final_and_base(config, eval_problems)
-    extra += _pilots(config, int(f.extensions), "pilot extensions") if int(f.extensions) else []
+    extra += _pilots(config, int(f.extensions), "pilot extensions")
     arms = ("es", "es_wide", "es_sampled", "es_null")
     extra += _arms(config, [(f"{a}, long", "es") for a in arms], final, int(f.extend_steps))
   return extra
